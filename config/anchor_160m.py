@@ -1,0 +1,26 @@
+# 2+4R2+2 recursive, +anchor: h(t+1) = f_core(h(t)) + h(0).
+# Pythia-160M shape (GPT-NeoX blocks) with the MeSH paper's recipe (mesh.md §3).
+# Run: python train.py config/anchor_160m.py   (override any key: --batch_size=4 --max_iters=1000)
+
+# model (mesh.md §1, §3)
+flavour = "neox"                # LayerNorm, parallel residual, GELU MLP 4d, rotary 25%, biases, untied
+vocab_size = 50304              # GPT-2 BPE 50257 padded to a multiple of 64 (paper: GPT-NeoX BPE, same size)
+n_embd = 768
+n_head = 12
+layout = "2+4R2+2"              # prelude + core R loops + coda; unrolled depth = 12 (compute-matched)
+state_mode = "anchor"
+block_size = 4096               # the paper's sequence length (Pythia used 2048)
+
+# data and optimisation (mesh.md §3)
+dataset = "fineweb_edu"        # python prepare_data.py  (the paper trained on the Pile; we default to FineWeb-Edu)
+total_batch_size = 2_097_152   # tokens per step: 512 sequences x 4096, as the paper
+batch_size = 8                 # sequences per GPU per micro-step (ours: fits 80 GB in bf16); accumulation is derived
+max_iters = 120_818            # the paper's 253B tokens (Fig. 9); override for shorter runs
+learning_rate = 6e-4           # peak LR (Pythia's value for this size)
+min_lr = 6e-05                 # cosine decays to 10% of the peak
+warmup_iters = 1208            # 1% of the steps
+weight_decay = 0.01
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0                # not stated in the paper; Pythia's value
+out_dir = "out/anchor_160m"

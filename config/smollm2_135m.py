@@ -1,0 +1,27 @@
+# SmolLM2-135M: the T²MLR paper's baseline (LLaMA blocks), trained from scratch as in t2mlr.md §6.
+# Run: python train.py config/smollm2_135m.py
+
+# model (t2mlr.md §6)
+flavour = "llama"               # RMSNorm, sequential residual, SwiGLU, rotary on all dims, GQA, no biases, tied
+vocab_size = 50304              # GPT-2 BPE padded (the reference used SmolLM2's own 49,152-token vocabulary)
+n_layer = 30
+n_embd = 576
+n_head = 9
+n_kv_head = 3                   # grouped-query attention: 3 key/value heads
+mlp_hidden = 1536               # SwiGLU width
+rope_theta = 100000.0
+block_size = 2048
+
+# data and optimisation (t2mlr.md §6)
+dataset = "fineweb_edu"         # FineWeb-Edu sample-10BT, as the reference
+total_batch_size = 524_288      # 256 sequences x 2048 tokens
+batch_size = 16                 # sequences per GPU per micro-step; accumulation is derived
+max_iters = 20_000              # ~1 epoch of the 10B-token sample (the reference ran one epoch, ~19k steps)
+learning_rate = 6e-4
+min_lr = 6e-7                   # cosine_with_min_lr, min_lr_rate 0.001
+warmup_iters = 1000             # 5% of the steps
+weight_decay = 0.01
+beta1 = 0.9
+beta2 = 0.98
+grad_clip = 1.0
+out_dir = "out/smollm2_135m"

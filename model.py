@@ -1,0 +1,746 @@
+"""
+One file, every variant: a vanilla GPT, recursive transformers with MeSH, and T²MLR.
+
+Notation: B batch, T sequence length, C = n_embd (the papers' d / D / H), V vocabulary.
+
+MeSH (Yu et al., "MeSH: Memory-as-State-Highways for Recursive Transformers", arXiv 2510.07739).
+    A recursive transformer runs a prelude, then ONE weight-shared core block K times (the loop), then
+    a coda. Layout "2+4R2+2" = 2 prelude layers, 4 core layers looped K=2 times, 2 coda layers: the
+    compute of 12 layers with the parameters of 8. Between loops one rule passes the state (§3.1):
+    h(t+1) = f_core(h(t)) + h_sup(t) with h_sup = 0 (base), h(t) (+residual), h(0) (+anchor) or
+    h_emb (+anchor*). MeSH (§3.2) replaces that rule by a buffer of B_slots slots with a write and a
+    read router per step: the core output is softly written into the slots, the next state is a soft
+    read of them.
+
+T²MLR (Transformer with Temporal Middle-Layer Recurrence, arXiv 2607.15178).
+    The output of layer l_end at token t-1 (the recurrent state R_{t-1}) is fused by a gate into the
+    input of layer l_start at token t. Training is parallel: D Jacobi sweeps over layers
+    l_start..l_end (gradients through the last b); inference is exact, token by token through the
+    middle block, with a KV cache plus one recurrent state.
+
+Specifications: shared/design/mesh.md and shared/design/t2mlr.md (section numbers below refer to them).
+"""
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+# -----------------------------------------------------------------------------
+# Rotary position embedding
+
+def rotary_tables(head_dim: int, rope_pct: float, theta: float, length: int):
+    """cos/sin tables for rotary embedding on the first `rope_pct` of each head's dims.
+
+    Returns two tensors of shape (length, rot_dim), rot_dim = int(head_dim * rope_pct) rounded down to
+    an even number. GPT-NeoX/Pythia rotates 25% of the dims (base 10000), LLaMA all of them.
+    """
+    rot_dim = int(head_dim * rope_pct) // 2 * 2
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)   # (length, rot_dim/2)
+    angles = torch.cat([angles, angles], dim=-1)                                 # (length, rot_dim)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate the first cos.shape[-1] dims of x (B, nh, T, hs) by position ("rotate half" form, as NeoX and LLaMA)."""
+    rot_dim = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot_dim], x[..., rot_dim:]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    x_rot = (x_rot * cos + rotated * sin).to(x.dtype)
+    return torch.cat([x_rot, x_pass], dim=-1)
+
+
+# -----------------------------------------------------------------------------
+# Building blocks: attention with an optional KV cache, MLP, transformer block
+
+class LayerCache:
+    """Keys and values of one block application, holding at most `max_len` positions.
+
+    `update(k, v)` appends (B, n_kv_head, T, hs) keys/values and returns all cached ones so far.
+    Concatenation (not a preallocated buffer written in place) keeps the exact T²MLR recurrence
+    differentiable. Raises RuntimeError when more than `max_len` positions would be stored.
+    """
+
+    def __init__(self, max_len: int):
+        self.max_len, self.k, self.v = max_len, None, None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def update(self, k, v):
+        if self.length + k.shape[2] > self.max_len:
+            raise RuntimeError(f"KV cache full: {self.length} + {k.shape[2]} > {self.max_len} positions")
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+class InferenceCache:
+    """Everything generation carries between calls: one LayerCache per block *application*
+    (a core layer looped K times has K caches), plus the T²MLR recurrent state R_{t-1} of shape (B, 1, C)."""
+
+    def __init__(self, n_applications: int, max_len: int):
+        self.layers = [LayerCache(max_len) for _ in range(n_applications)]
+        self.state = None
+
+    @property
+    def length(self) -> int:
+        """Number of positions already processed (the next token's position)."""
+        return self.layers[-1].length
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads (n_kv_head <= n_head), rotary, and SDPA."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.n_embd // cfg.n_head
+        kv_dim = self.n_kv_head * self.head_dim
+        self.qkv = nn.Linear(cfg.n_embd, cfg.n_embd + 2 * kv_dim, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)   # "attention out"; scaled init
+
+    def forward(self, x, cos, sin, cache: Optional[LayerCache] = None):
+        """x (B, T, C) at positions pos..pos+T-1 (cos/sin already sliced to them) -> (B, T, C)."""
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split([C, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=2)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)        # (B, nh, T, hs)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)     # (B, nkv, T, hs)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.update(k, v)                                        # (B, nkv, past+T, hs)
+        if past == 0:      # no cached keys: the plain causal mask
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        elif T == 1:       # one new token attends to everything cached
+            y = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        else:              # a chunk after a cached prefix: query i sees keys 0..past+i
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    """GELU MLP (neox: up, GELU, down) or SwiGLU (llama: down(silu(gate(x)) * up(x)))."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.swiglu = cfg.flavour == "llama"
+        self.up = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=cfg.bias)
+        self.gate = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=cfg.bias) if self.swiglu else None
+        self.down = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)    # "MLP down"; scaled init
+
+    def forward(self, x):
+        h = F.silu(self.gate(x)) * self.up(x) if self.swiglu else F.gelu(self.up(x))
+        return self.down(h)
+
+
+def make_norm(cfg):
+    """LayerNorm with bias (Pythia) or RMSNorm (LLaMA), eps = cfg.norm_eps."""
+    if cfg.flavour == "llama":
+        return nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=True)
+
+
+class Block(nn.Module):
+    """One transformer layer, a map (B, T, C) -> (B, T, C) that includes its own residual.
+
+    neox  (Pythia / GPT-NeoX, mesh.md §3): parallel residual x + attn(ln1(x)) + mlp(ln2(x)).
+    llama (SmolLM2, t2mlr.md §6):          sequential x = x + attn(ln1(x)); x = x + mlp(ln2(x)).
+    """
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.parallel = cfg.flavour == "neox"
+        self.ln1, self.attn, self.ln2, self.mlp = make_norm(cfg), Attention(cfg), make_norm(cfg), MLP(cfg)
+
+    def forward(self, x, cos, sin, cache=None):
+        if self.parallel:
+            return x + self.attn(self.ln1(x), cos, sin, cache) + self.mlp(self.ln2(x))
+        x = x + self.attn(self.ln1(x), cos, sin, cache)
+        return x + self.mlp(self.ln2(x))
+
+
+# -----------------------------------------------------------------------------
+# MeSH: state passing between loops of the core (mesh.md §2)
+
+def slot_softmax(logits):
+    """Softmax over the slot dimension, in fp32 even under bf16 autocast (float64 stays float64)."""
+    return F.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+
+
+class MeshMemory(nn.Module):
+    """The MeSH slot buffer's routers (mesh.md §2.2, paper §3.2).
+
+    One write and one read router per step, steps = the transitional step + K loops, each a
+    Linear(C -> n_slots) with bias: (K+1) * 2 * (C*n_slots + n_slots) parameters. Routing weights are
+    a softmax over slots, per token. The buffer itself is a tensor (n_slots, B, T, C) built per forward.
+    """
+
+    def __init__(self, n_embd: int, n_slots: int, n_steps: int):
+        super().__init__()
+        self.write_routers = nn.ModuleList(nn.Linear(n_embd, n_slots) for _ in range(n_steps))
+        self.read_routers = nn.ModuleList(nn.Linear(n_embd, n_slots) for _ in range(n_steps))
+        self.n_slots = n_slots
+
+    def new_buffer(self, h_emb):
+        """Slot 0 = the √d-scaled token embeddings h_emb (B, T, C); slots 1..B-1 = 0. Returns (n_slots, B, T, C)."""
+        buffer = h_emb.new_zeros(self.n_slots, *h_emb.shape)
+        buffer[0] = h_emb
+        return buffer
+
+    def write_read(self, step: int, buffer, router_in, written):
+        """One MeSH step, write then read (paper Eq. 3):
+
+            w_write = softmax(Lin_write[step](router_in)),  w_read = softmax(Lin_read[step](router_in))   (B, T, n_slots)
+            m_b    <- m_b + w_write[..., b] * written          (additive soft write, no erase)
+            h_next  = sum_b w_read[..., b] * m_b               (read from the UPDATED buffer)
+
+        router_in, written: (B, T, C); buffer: (n_slots, B, T, C). Returns (new buffer, h_next (B, T, C)).
+        """
+        w_write = slot_softmax(self.write_routers[step](router_in))
+        w_read = slot_softmax(self.read_routers[step](router_in))
+        buffer = buffer + w_write.permute(2, 0, 1).unsqueeze(-1) * written     # out of place, for autograd
+        h_next = torch.einsum("btn,nbtc->btc", w_read, buffer)
+        return buffer, h_next.to(written.dtype)
+
+
+# -----------------------------------------------------------------------------
+# T²MLR: the gate that fuses the previous token's state, and the state update (t2mlr.md §1, §2)
+
+class TemporalGate(nn.Module):
+    """Gated fusion of the recurrent state r = R_{t-1} into the input x of layer l_start (t2mlr.md §1):
+
+        r~ = W_p r;  g = [x ; r~]
+        a_r = σ(A_r g + b_r),  a_x = σ(A_x g + b_x)               per-dimension local gates
+        x'  = x + tanh(θ_r) · a_r ⊙ r~ + tanh(θ_x) · a_x ⊙ x       θ_r = θ_x = 0 at init: an exact identity
+
+    x, r: (B, T, C) -> x' (B, T, C). θ are scalars kept with the fp32 master weights; tanh runs in fp32 (§8.11).
+    """
+
+    def __init__(self, n_embd: int):
+        super().__init__()
+        self.proj = nn.Linear(n_embd, n_embd, bias=False)             # W_p
+        self.gate_r = nn.Linear(2 * n_embd, n_embd)                   # A_r, b_r
+        self.gate_x = nn.Linear(2 * n_embd, n_embd)                   # A_x, b_x
+        self.theta_r = nn.Parameter(torch.zeros(1))                   # θ_r, global gate of the state
+        self.theta_x = nn.Parameter(torch.zeros(1))                   # θ_x, global gate of the input
+
+    def forward(self, x, r):
+        r = self.proj(r)
+        g = torch.cat([x, r], dim=-1)
+        a_r, a_x = torch.sigmoid(self.gate_r(g)), torch.sigmoid(self.gate_x(g))
+        gamma_r = torch.tanh(self.theta_r).to(x.dtype)    # θ are fp32 master weights; autocast leaves tanh in fp32
+        gamma_x = torch.tanh(self.theta_x).to(x.dtype)
+        return x + gamma_r * a_r * r + gamma_x * a_x * x
+
+
+def update_state(h, r_prev, residual: bool, detach: bool):
+    """The recurrent state written at a token from the output h of layer l_end (t2mlr.md §2):
+
+        residual off:  R_t = h_t
+        residual on:   u_t = h_t + R_{t-1};  s_t = clamp(1 / sqrt(mean(u_t²) + 1e-6), 1/5, 5);  R_t = s_t · u_t
+
+    s_t is computed in fp32 on detach(u_t), a stop-gradient constant (NOT an nn.RMSNorm: no weight, and
+    the clamp changes values when RMS(u) > 5). `detach` stops the gradient along the R chain.
+    h, r_prev: (B, T, C) -> (B, T, C).
+    """
+    if not residual:
+        return h
+    u = h + (r_prev.detach() if detach else r_prev)
+    u32 = u.detach().to(torch.promote_types(u.dtype, torch.float32))
+    scale = torch.rsqrt(u32.pow(2).mean(-1, keepdim=True) + 1e-6).clamp(0.2, 5.0)
+    return u * scale.to(u.dtype)
+
+
+def shift_right(x):
+    """Time shift (B, T, C) -> (B, T, C): position t gets x[t-1], position 0 gets zeros (never a roll, §8.1)."""
+    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
+
+
+# -----------------------------------------------------------------------------
+# Configuration
+
+LAYOUT_RE = re.compile(r"^(\d+)\+(\d+)R(\d+)\+(\d+)$")
+STATE_MODES = ("base", "residual", "anchor", "anchor_star", "mesh")
+
+
+def parse_layout(layout: str):
+    """'P+CRK+Q' -> (n_prelude, n_core, n_loop, n_coda), e.g. '2+4R2+2' -> (2, 4, 2, 2) (mesh.md §1).
+
+    Raises ValueError quoting the string when it is malformed, has no core layers or K < 1.
+    """
+    m = LAYOUT_RE.match(layout.replace(" ", ""))
+    if m is None:
+        raise ValueError(f"layout {layout!r} is malformed; expected 'P+CRK+Q' with non-negative integers, e.g. '2+4R2+2'")
+    p, c, k, q = map(int, m.groups())
+    if c < 1 or k < 1:
+        raise ValueError(f"layout {layout!r} needs at least one core layer and K >= 1 loops (the 'CRK' part), e.g. '2+4R2+2'")
+    return p, c, k, q
+
+
+@dataclass
+class GPTConfig:
+    """Every variant is a setting of these fields; __post_init__ fills flavour defaults and raises
+    ValueError for invalid combinations, naming the bad value and what would be valid."""
+    flavour: str = "neox"            # "neox" (Pythia, MeSH's baseline) or "llama" (SmolLM2, T²MLR's)
+    vocab_size: int = 50304          # GPT-2's 50257 padded to a multiple of 64
+    block_size: int = 1024           # maximum sequence length T
+    n_layer: int = 12                # depth of a vanilla model (used when layout is "")
+    layout: str = ""                 # recursive depth "P+CRK+Q": prelude, core layers, loops K, coda (mesh.md §1)
+    n_head: int = 12
+    n_kv_head: Optional[int] = None  # grouped-query attention; None = n_head
+    n_embd: int = 768                # C (the papers' d / D / H)
+    mlp_hidden: Optional[int] = None  # MLP width; None = 4*n_embd (neox); required for llama
+    rope_theta: float = 10000.0      # rotary base θ
+    rope_pct: Optional[float] = None  # fraction of head dims rotated; None = 0.25 (neox) / 1.0 (llama)
+    bias: Optional[bool] = None      # biases on linears; None = True (neox) / False (llama)
+    tie_embeddings: Optional[bool] = None  # None = False (neox, Pythia) / True (llama, SmolLM2)
+    norm_eps: float = 1e-5
+    # MeSH and the heuristic state passings (mesh.md §2)
+    state_mode: str = "base"         # h_sup: base 0 | residual h(t) | anchor h(0) | anchor_star h_emb | mesh
+    mesh_slots: Optional[int] = None  # B_slots; None = K + 3 (paper §4.4, Table 3)
+    mesh_trans_router_in: str = "pre"  # input of the transitional routers: "pre" (h_pre) or "emb" (h_emb) (mesh.md §2.2 [I])
+    # T²MLR (t2mlr.md §1-3)
+    t2mlr: bool = False
+    l_start: int = 0                 # first recurrent layer (gate at its input); negative counts from the end
+    l_end: int = -1                  # last recurrent layer (state written from its output); inclusive
+    jacobi_iters: int = 16           # D: Jacobi sweeps in training
+    jacobi_grad_iters: int = 4       # b: sweeps that carry gradient
+    state_residual: bool = True      # R_t = s·(h_t + R_{t-1}) instead of R_t = h_t (§2)
+    state_detach: bool = False       # stop the gradient along the R chain (§2)
+
+    def __post_init__(self):
+        if self.flavour not in ("neox", "llama"):
+            raise ValueError(f"flavour {self.flavour!r} is not one of 'neox', 'llama'")
+        llama = self.flavour == "llama"
+        self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
+        self.rope_pct = (1.0 if llama else 0.25) if self.rope_pct is None else self.rope_pct
+        self.bias = (not llama) if self.bias is None else self.bias
+        self.tie_embeddings = llama if self.tie_embeddings is None else self.tie_embeddings
+        if self.mlp_hidden is None:
+            if llama:
+                raise ValueError("flavour 'llama' needs mlp_hidden (the SwiGLU width, e.g. 1536 for SmolLM2-135M)")
+            self.mlp_hidden = 4 * self.n_embd
+        for name in ("vocab_size", "block_size", "n_head", "n_kv_head", "n_embd", "mlp_hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
+        if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must divide by n_head ({self.n_head}), "
+                             f"and n_head by n_kv_head ({self.n_kv_head})")
+        if self.layout:
+            parse_layout(self.layout)
+        elif self.n_layer < 1:
+            raise ValueError(f"n_layer = {self.n_layer} must be >= 1 (or give a recursive layout like '2+4R2+2')")
+        if self.state_mode not in STATE_MODES:
+            raise ValueError(f"state_mode {self.state_mode!r} is not one of {', '.join(STATE_MODES)}")
+        if self.mesh_trans_router_in not in ("pre", "emb"):
+            raise ValueError(f"mesh_trans_router_in {self.mesh_trans_router_in!r} is not one of 'pre', 'emb'")
+        if self.mesh_slots is not None and self.mesh_slots < 2:
+            raise ValueError(f"mesh_slots = {self.mesh_slots} must be >= 2 (slot 0 holds h_emb); default K+3")
+        if self.t2mlr:
+            self._check_t2mlr()
+
+    def _check_t2mlr(self):
+        if self.layout:
+            raise ValueError(f"t2mlr needs a flat stack (n_layer), not the recursive layout {self.layout!r}")
+        start, end = self.recurrent_layers
+        if not (0 <= start <= end < self.n_layer):
+            raise ValueError(f"l_start = {self.l_start}, l_end = {self.l_end} must give 0 <= l_start <= l_end < "
+                             f"n_layer = {self.n_layer} (negative values count from the end)")
+        if self.jacobi_iters < 1 or self.jacobi_grad_iters < 0:
+            raise ValueError(f"jacobi_iters = {self.jacobi_iters} must be >= 1 and jacobi_grad_iters = "
+                             f"{self.jacobi_grad_iters} >= 0")
+
+    @property
+    def depth(self):
+        """(n_prelude, n_core, n_loop, n_coda); a vanilla stack is (n_layer, 0, 0, 0)."""
+        return parse_layout(self.layout) if self.layout else (self.n_layer, 0, 0, 0)
+
+    @property
+    def recurrent_layers(self):
+        """T²MLR's (l_start, l_end) as non-negative layer indices."""
+        return self.l_start % self.n_layer if self.l_start < 0 else self.l_start, \
+            self.l_end % self.n_layer if self.l_end < 0 else self.l_end
+
+    @property
+    def n_unique(self):
+        """Number of distinct (parameter) layers."""
+        p, c, _, q = self.depth
+        return p + c + q
+
+    @property
+    def n_unrolled(self):
+        """Number of layer applications per token: P + C*K + Q (the compute depth)."""
+        p, c, k, q = self.depth
+        return p + c * k + q
+
+
+# -----------------------------------------------------------------------------
+# The model
+
+class GPT(nn.Module):
+    """A decoder-only language model whose depth is a schedule of layer applications.
+
+    Vanilla: layers 0..n_layer-1 once. Recursive (layout "P+CRK+Q"): prelude layers, then the core
+    layers K times with a state-passing rule between loops, then the coda. T²MLR: a vanilla stack whose
+    layers l_start..l_end are recurrent in time.
+    """
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        p, c, k, q = cfg.depth
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_unique))   # prelude, core, coda in order
+        self.mesh = None
+        if cfg.layout and cfg.state_mode == "mesh":
+            self.mesh = MeshMemory(cfg.n_embd, cfg.mesh_slots or k + 3, k + 1)
+        self.gate = TemporalGate(cfg.n_embd) if cfg.t2mlr else None
+        self.ln_f = make_norm(cfg)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        cos, sin = rotary_tables(cfg.n_embd // cfg.n_head, cfg.rope_pct, cfg.rope_theta, cfg.block_size)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    # ---- initialisation ------------------------------------------------------
+
+    @torch.no_grad()
+    def init_weights(self):
+        """One initialisation for every variant, so comparisons are fair (mesh.md §3, Huginn's recipe):
+
+        * every Linear/Embedding weight ~ N(0, std²) with std = sqrt(2 / (5 C)); biases 0; norm weights 1;
+        * attention-out and MLP-down projections: std / sqrt(2 · unrolled depth) (depth-aware, MeSH §4.1);
+        * the embeddings are multiplied by sqrt(C) in the forward pass, not here;
+        * MeSH routers: the same small normal and zero bias, NEVER zero weights (zero weights would keep
+          the empty slots 1..B-1 identical forever, mesh.md §2.2);
+        * the T²MLR gate keeps its reference initialisation (t2mlr.md §1): W_p the PyTorch Linear default,
+          A_r/A_x xavier-normal gain 1, biases the Linear default, θ_r = θ_x = 0 (identity at init).
+        """
+        std = math.sqrt(2 / (5 * self.cfg.n_embd))
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        for layer in self.layers:
+            for proj in (layer.attn.proj, layer.mlp.down):
+                nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.cfg.n_unrolled))
+        if self.gate is not None:
+            self.gate.proj.reset_parameters()
+            for lin in (self.gate.gate_r, self.gate.gate_x):
+                lin.reset_parameters()                       # default bias U(-1/sqrt(2C), 1/sqrt(2C))
+                nn.init.xavier_normal_(lin.weight, gain=1.0)
+            self.gate.theta_r.zero_()
+            self.gate.theta_x.zero_()
+
+    # ---- forward ---------------------------------------------------------------
+
+    def forward(self, idx, targets=None, mode=None, cache: Optional[InferenceCache] = None, probes=None):
+        """Logits and loss.
+
+        idx: (B, T) token ids; targets: (B, T) ids, -1 = ignored. With `cache`, idx continues the
+        sequence the cache holds (positions cache.length..), and the cache is updated in place.
+        mode (T²MLR only): "jacobi" (parallel training approximation, §3) or "exact" (token-by-token
+        recurrence, §4); default "jacobi" in train() and "exact" in eval(). A cache implies exact.
+        probes: a dict to fill with the diagnostic states (see `probe_states`), or None.
+        Returns (logits (B, T, V), loss scalar or None). Raises ValueError when the sequence is longer
+        than block_size or mode is unknown.
+        """
+        B, T = idx.shape
+        pos = cache.length if cache is not None else 0
+        if pos + T > self.cfg.block_size:
+            raise ValueError(f"sequence of {pos + T} tokens exceeds block_size = {self.cfg.block_size}")
+        h_emb = self.wte(idx) * math.sqrt(self.cfg.n_embd)          # (B, T, C), scaled by sqrt(d) (MeSH §4.1)
+        if probes is not None:
+            probes.update(states={"h_emb": h_emb}, blocks=[])
+        if self.gate is None:
+            h = self.depth_forward(h_emb, pos, cache, probes)
+        else:
+            mode = mode or ("exact" if cache is not None or not self.training else "jacobi")
+            if mode == "jacobi" and cache is None:
+                h = self.jacobi_forward(h_emb, probes)
+            elif mode in ("jacobi", "exact"):
+                h = self.exact_forward(h_emb, cache, probes)
+            else:
+                raise ValueError(f"mode {mode!r} is not one of 'jacobi', 'exact'")
+        if probes is not None:
+            probes["states"]["h_out"] = h
+        logits = self.lm_head(self.ln_f(h))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    def run_layers(self, h, layers, pos, caches=None, probes=None, name="layer"):
+        """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1, each with its cache (or no caches)."""
+        cos, sin = self.rope_cos[pos:pos + h.shape[1]], self.rope_sin[pos:pos + h.shape[1]]
+        caches = caches or [None] * len(layers)
+        for i, (layer, layer_cache) in enumerate(zip(layers, caches)):
+            h_in, h = h, layer(h, cos, sin, layer_cache)
+            if probes is not None:
+                probes["blocks"].append((f"{name}{i}", h_in, h))
+        return h
+
+    # ---- depth: vanilla and recursive (MeSH paper) -----------------------------
+
+    def depth_forward(self, h_emb, pos=0, cache=None, probes=None):
+        """h_emb (B, T, C) -> coda output (B, T, C), following mesh.md §2.1:
+
+            h(0) = f_pre(h_emb);  h(t+1) = f_core(h(t)) + h_sup(t), t = 0..K-1;  h_out = f_coda(h(K))
+
+        with MeSH's transitional write-read forming h(0) and each loop's write-read forming h(t+1).
+        A vanilla stack is all prelude.
+        """
+        p, c, k, q = self.cfg.depth
+        caches = cache.layers if cache is not None else [None] * self.cfg.n_unrolled   # one per application
+        prelude, core, coda = self.layers[:p], self.layers[p:p + c], self.layers[p + c:]
+        h = self.run_layers(h_emb, prelude, pos, caches[:p], probes, "prelude" if k else "layer")
+        if k == 0:
+            return h
+        buffer = None
+        if self.mesh is not None:       # transitional cycle: write h_pre, read h(0) (mesh.md §2.2)
+            buffer = self.mesh.new_buffer(h_emb)
+            router_in = h if self.cfg.mesh_trans_router_in == "pre" else h_emb
+            buffer, h = self.mesh.write_read(0, buffer, router_in, h)
+        h0 = h
+        if probes is not None:
+            probes["states"]["h(0)"] = h0
+        for t in range(k):
+            h_m = self.run_layers(h, core, pos, caches[p + t * c:p + (t + 1) * c])    # f_core(h(t)), shared weights
+            if probes is not None:
+                probes["blocks"].append((f"core{t}", h, h_m))
+            h, buffer = self.next_state(t, h, h_m, h0, h_emb, buffer)
+            if probes is not None:
+                probes["states"][f"h({t + 1})"] = h
+        return self.run_layers(h, coda, pos, caches[p + k * c:], probes, "coda")
+
+    def next_state(self, t, h, h_m, h0, h_emb, buffer):
+        """h(t+1) from the loop input h = h(t) and the core output h_m = f_core(h(t)) (mesh.md §2.1-2.2).
+        Returns (h(t+1), buffer); the buffer is None except for MeSH."""
+        mode = self.cfg.state_mode
+        if mode == "base":          # h(t+1) = f_core(h(t))
+            return h_m, buffer
+        if mode == "residual":      # h(t+1) = f_core(h(t)) + h(t)
+            return h_m + h, buffer
+        if mode == "anchor":        # h(t+1) = f_core(h(t)) + h(0), h(0) = f_pre(h_emb)
+            return h_m + h0, buffer
+        if mode == "anchor_star":   # h(t+1) = f_core(h(t)) + h_emb
+            return h_m + h_emb, buffer
+        buffer, h_next = self.mesh.write_read(t + 1, buffer, h, h_m)    # MeSH: routers see the step's input h(t)
+        return h_next, buffer
+
+    # ---- time: T²MLR (t2mlr.md §3-4) -------------------------------------------
+
+    def split_stack(self):
+        """(lower, middle, upper) layer lists: layers below l_start, l_start..l_end, above l_end."""
+        start, end = self.cfg.recurrent_layers
+        return self.layers[:start], self.layers[start:end + 1], self.layers[end + 1:]
+
+    def jacobi_forward(self, h_emb, probes=None):
+        """Parallel T²MLR training pass (t2mlr.md §3, lean form). h_emb (B, T, C) -> top output (B, T, C).
+
+        x = lower(h_emb) once. A plain pass of the middle block gives the warm start C = shift(h);
+        then D-1 Jacobi sweeps, each running the middle block on the fixed x with the gate fed C and
+        setting C = shift(update_state(h, C)); a final pass of middle + upper with the last C. Every
+        sweep makes one more position exact (C_0 = 0 is exact), so positions < D equal exact recurrence.
+        Sweeps older than the last b run under no_grad (the same values and gradients as detaching them).
+        """
+        cfg = self.cfg
+        D, b = cfg.jacobi_iters, cfg.jacobi_grad_iters
+        lower, middle, upper = self.split_stack()
+        grad = torch.is_grad_enabled()
+        x = self.run_layers(h_emb, lower, 0, probes=probes, name="lower")
+        with torch.set_grad_enabled(grad and b >= D):
+            state = shift_right(self.run_layers(x, middle, 0))                # C^(0): plain pass, no gate
+        for d in range(D - 1):
+            with torch.set_grad_enabled(grad and D - 1 - d <= b):
+                h = self.run_layers(self.gate(x, state), middle, 0)           # h^(d+1)
+                state = shift_right(update_state(h, state, cfg.state_residual, cfg.state_detach))
+        return self.upper_pass(x, state, middle, upper, probes)
+
+    def upper_pass(self, x, state, middle, upper, probes=None):
+        """Final pass: gate the injected state into x, then middle and upper layers. (B, T, C) -> (B, T, C)."""
+        x_mixed = self.gate(x, state)
+        if probes is not None:
+            probes["blocks"].append(("gate", x, x_mixed))
+        h = self.run_layers(x_mixed, middle, 0, probes=probes, name="middle")
+        return self.run_layers(h, upper, 0, probes=probes, name="upper")
+
+    def exact_forward(self, h_emb, cache=None, probes=None):
+        """Exact T²MLR recurrence (t2mlr.md §4). h_emb (B, T, C) -> top output (B, T, C).
+
+        Lower layers run in parallel over all T positions, the middle block token by token with its
+        own KV cache and the recurrent state R (R_{-1} = 0), the upper layers in parallel again. With
+        `cache` (generation), every layer uses its cache and the state continues from cache.state.
+        """
+        cfg = self.cfg
+        lower, middle, upper = self.split_stack()
+        B, T, C = h_emb.shape
+        owned = cache is None
+        if owned:
+            cache = InferenceCache(len(self.layers), T)
+        pos = cache.length
+        a, k = len(lower), len(middle)
+        x = self.run_layers(h_emb, lower, pos, cache.layers[:a], probes, "lower")
+        state = cache.state if cache.state is not None else x.new_zeros(B, 1, C)
+        outputs = []
+        for t in range(T):                                   # the recurrence: one token at a time
+            h_t = self.run_layers(self.gate(x[:, t:t + 1], state), middle, pos + t, cache.layers[a:a + k])
+            state = update_state(h_t, state, cfg.state_residual, cfg.state_detach)
+            outputs.append(h_t)
+        cache.state = state
+        h = torch.cat(outputs, dim=1)
+        if probes is not None:
+            probes["blocks"].append(("middle", x, h))
+        return self.run_layers(h, upper, pos, cache.layers[a + k:], probes, "upper")
+
+    # ---- generation ------------------------------------------------------------
+
+    def new_cache(self, max_len: Optional[int] = None) -> InferenceCache:
+        """An empty InferenceCache with one LayerCache per layer application (max_len default block_size)."""
+        return InferenceCache(self.cfg.n_unrolled, max_len or self.cfg.block_size)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
+                 generator: Optional[torch.Generator] = None):
+        """Continue idx (B, T) by max_new_tokens sampled tokens with the KV cache -> (B, T + max_new_tokens).
+
+        temperature 0 = greedy; top_k is clamped to the vocabulary. When the context reaches
+        block_size, the cache is rebuilt from the last block_size // 2 tokens (a sliding window in
+        chunks, so the cost stays linear; T²MLR's state restarts there too).
+        """
+        cfg = self.cfg
+        context = idx[:, -cfg.block_size:]
+        cache = self.new_cache()
+        logits, _ = self(context, cache=cache)
+        for _ in range(max_new_tokens):
+            next_logits = logits[:, -1, :].float()
+            if temperature == 0:
+                idx_next = next_logits.argmax(dim=-1, keepdim=True)
+            else:
+                next_logits = next_logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(next_logits, min(top_k, next_logits.size(-1)))
+                    next_logits[next_logits < v[:, [-1]]] = -float("inf")
+                probs = F.softmax(next_logits, dim=-1)
+                idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
+            idx = torch.cat([idx, idx_next], dim=1)
+            if cache.length == cfg.block_size:
+                cache = self.new_cache()
+                logits, _ = self(idx[:, -(cfg.block_size // 2):], cache=cache)
+            else:
+                logits, _ = self(idx_next, cache=cache)
+        return idx
+
+    # ---- accounting and optimizer ----------------------------------------------
+
+    def param_counts(self) -> dict:
+        """Parameter counts (each shared tensor once): total; embedding (token embedding and output head);
+        non_embedding = the transformer layers and final norm (the papers' count, mesh.md §1);
+        router (MeSH) and gate (T²MLR) separately."""
+        counts = {"total": 0, "embedding": 0, "non_embedding": 0, "router": 0, "gate": 0}
+        for name, p in self.named_parameters():
+            group = ("embedding" if name.startswith(("wte.", "lm_head.")) else
+                     "router" if name.startswith("mesh.") else
+                     "gate" if name.startswith("gate.") else "non_embedding")
+            counts[group] += p.numel()
+            counts["total"] += p.numel()
+        return counts
+
+    def layer_passes(self):
+        """Per unique layer, (forward passes, backward passes) in one training step, for FLOP counting.
+
+        Plain and recursive: each application once forward and once backward (a core layer K times).
+        T²MLR Jacobi (§3, lean): lower 1/1; middle D+1 forward (plain + D-1 sweeps + final), b+1 backward; upper 1/1.
+        """
+        p, c, k, q = self.cfg.depth
+        passes = [(1, 1)] * p + [(k, k)] * c + [(1, 1)] * q
+        if self.gate is not None:
+            start, end = self.cfg.recurrent_layers
+            D, b = self.cfg.jacobi_iters, self.cfg.jacobi_grad_iters
+            middle = (D + 1, min(b, D) + 1)
+            passes = [middle if start <= i <= end else (1, 1) for i in range(len(passes))]
+        return passes
+
+    def train_flops_per_token(self, T: Optional[int] = None) -> float:
+        """FLOPs of one training step (forward + backward) per token at sequence length T (default block_size).
+
+        A layer forward costs 2·N_layer + 4·C·T per token (matmuls plus attention scores and values, as
+        nanoGPT/PaLM count it) and its backward twice that; the output head 6·C·V. Looped layers and
+        Jacobi sweeps count every time they run (nanoGPT's 6N undercounts looped models).
+        """
+        cfg = self.cfg
+        T = T or cfg.block_size
+        n_layer = sum(p.numel() for p in self.layers[0].parameters())
+        layer_fwd = 2 * n_layer + 4 * cfg.n_embd * T
+        flops = sum((f + 2 * b) * layer_fwd for f, b in self.layer_passes())
+        if self.gate is not None:
+            start, end = self.cfg.recurrent_layers
+            n_gate = sum(p.numel() for p in self.gate.parameters())
+            f, b = self.layer_passes()[start]
+            flops += (f - 1 + 2 * b) * 2 * n_gate        # the gate runs in every pass but the plain one
+        if self.mesh is not None:
+            flops += 6 * sum(p.numel() for p in self.mesh.parameters())
+        return flops + 6 * cfg.n_embd * cfg.vocab_size
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW with weight decay on >= 2-D tensors only (matrices and embeddings; not biases, norms, θ)."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+
+# -----------------------------------------------------------------------------
+# `python model.py config/<name>.py`: a summary of the architecture
+
+def summary(cfg: GPTConfig) -> str:
+    """A human-readable summary of a config: flavour, layout, depth, parameter counts, FLOPs per token.
+    The model is built on the meta device, so even the 1.4B summary needs no memory."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+    counts = model.param_counts()
+    p, c, k, q = cfg.depth
+    layout = cfg.layout or f"{cfg.n_layer} layers (vanilla)"
+    lines = [
+        f"flavour            {cfg.flavour}",
+        f"layout             {layout}" + (f", state_mode {cfg.state_mode}" if k else ""),
+        f"unique layers      {cfg.n_unique}",
+        f"unrolled depth     {cfg.n_unrolled}",
+        f"total params       {counts['total']:,}",
+        f"non-embedding      {counts['non_embedding']:,}",
+    ]
+    if model.mesh is not None:
+        lines.append(f"router params      {counts['router']:,} (+{model.mesh.n_slots} slots, {k + 1} steps)")
+    if model.gate is not None:
+        start, end = cfg.recurrent_layers
+        lines.append(f"T²MLR gate params  {counts['gate']:,} (layers {start}..{end}, D={cfg.jacobi_iters}, b={cfg.jacobi_grad_iters})")
+    lines.append(f"train FLOPs/token  {model.train_flops_per_token():,.0f} at T={cfg.block_size}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+    from configurator import ConfigError, load_config
+    try:
+        (model_cfg,) = load_config(sys.argv[1:], GPTConfig(), ignore_unknown=True)
+    except (ConfigError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    print(summary(model_cfg))

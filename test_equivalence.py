@@ -1,0 +1,285 @@
+"""
+Equivalences that make the model trustworthy, each against a slow obvious computation (float64, CPU).
+
+MeSH family (mesh.md §1-2): a one-loop layout equals the vanilla stack; MeSH with one-hot routers
+equals base and residual recursion; KV-cache decoding equals full recompute; causality; the papers'
+parameter counts. T²MLR (t2mlr.md §3-4): Jacobi with D >= T equals exact recurrence equals a naive
+token-by-token loop over the full stack, values and gradients; the exactness front for D < T;
+zero gates equal the vanilla model; cached decoding; batch-row independence.
+
+Run: python -m pytest -q test_equivalence.py
+"""
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig, shift_right, summary, update_state
+
+torch.set_default_dtype(torch.float64)
+
+TINY = dict(vocab_size=64, block_size=48, n_embd=32, n_head=4)
+TINY_LLAMA = dict(TINY, flavour="llama", n_kv_head=2, mlp_hidden=48, rope_theta=100000.0)
+VARIANTS = {
+    "vanilla_neox": dict(TINY, n_layer=4),
+    "vanilla_llama": dict(TINY_LLAMA, n_layer=4),
+    **{f"recursive_{mode}": dict(TINY, layout="1+2R2+1", state_mode=mode)
+       for mode in ("base", "residual", "anchor", "anchor_star", "mesh")},
+    "mesh_emb_router_llama": dict(TINY_LLAMA, layout="1+1R3+1", state_mode="mesh", mesh_trans_router_in="emb"),
+    "t2mlr_llama": dict(TINY_LLAMA, n_layer=5, t2mlr=True, l_start=1, l_end=3),
+    "t2mlr_neox_detached": dict(TINY, n_layer=4, t2mlr=True, l_start=1, l_end=-2, state_detach=True),
+    "t2mlr_no_residual": dict(TINY_LLAMA, n_layer=4, t2mlr=True, l_start=0, l_end=-1, state_residual=False),
+}
+
+
+def build(seed=0, **kw):
+    """A float64 model with random weights; T²MLR gates opened (θ != 0) so the recurrence is active."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**kw))
+    with torch.no_grad():
+        for p in model.parameters():      # perturb biases and norms too, so no term is trivially zero
+            if p.dim() < 2:
+                p.add_(0.1 * torch.randn_like(p))
+        if model.gate is not None:
+            model.gate.theta_r.fill_(0.6)
+            model.gate.theta_x.fill_(-0.3)
+    return model.eval()
+
+
+def tokens(B=3, T=24, vocab=64, seed=1):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+# -----------------------------------------------------------------------------
+# MeSH family
+
+def test_one_loop_layout_equals_vanilla():
+    """layout 0+12R1+0 with base state passing is literally the 12-layer vanilla stack."""
+    vanilla = build(**dict(TINY, n_layer=12))
+    looped = GPT(GPTConfig(**dict(TINY, layout="0+12R1+0", state_mode="base"))).eval()
+    looped.load_state_dict(vanilla.state_dict())
+    idx = tokens()
+    assert torch.allclose(vanilla(idx)[0], looped(idx)[0], atol=1e-12, rtol=0)
+
+
+def one_hot_routers(model, reads, writes):
+    """Force every router to a one-hot slot choice: zero weights, bias +1e4 on the chosen slot (softmax -> exactly 1)."""
+    with torch.no_grad():
+        for routers, slots in ((model.mesh.write_routers, writes), (model.mesh.read_routers, reads)):
+            for router, slot in zip(routers, slots):
+                router.weight.zero_()
+                router.bias.fill_(-1e4)
+                router.bias[slot] = 1e4
+
+
+@pytest.mark.parametrize("flavour", [TINY, TINY_LLAMA])
+def test_mesh_one_hot_reproduces_base_and_residual(flavour):
+    """mesh.md §2.2 special cases. Steps = transitional + K loops.
+    base: write step s into fresh slot s+1 and read it back -> h(t+1) = f_core(h(t)).
+    residual: write and read slot 1 always -> m_1 = h_pre + sum h_m, so h(t+1) = h(t) + f_core(h(t))."""
+    K, idx = 3, tokens()
+    for mode, slots in (("base", [1, 2, 3, 4]), ("residual", [1, 1, 1, 1])):
+        reference = build(**dict(flavour, layout=f"1+2R{K}+1", state_mode=mode))
+        mesh = GPT(GPTConfig(**dict(flavour, layout=f"1+2R{K}+1", state_mode="mesh"))).eval()
+        assert mesh.mesh.n_slots == K + 3
+        missing, unexpected = mesh.load_state_dict(reference.state_dict(), strict=False)
+        assert unexpected == [] and all(name.startswith("mesh.") for name in missing)
+        one_hot_routers(mesh, reads=slots, writes=slots)
+        assert torch.allclose(mesh(idx)[0], reference(idx)[0], atol=1e-10, rtol=0), mode
+    # the mapping is not vacuous: base and residual differ on these weights
+    base = build(**dict(flavour, layout=f"1+2R{K}+1", state_mode="base"))
+    residual = GPT(GPTConfig(**dict(flavour, layout=f"1+2R{K}+1", state_mode="residual"))).eval()
+    residual.load_state_dict(base.state_dict())
+    assert (base(idx)[0] - residual(idx)[0]).abs().max() > 1e-3
+
+
+def test_state_modes_follow_their_equations():
+    """h(t+1) = f_core(h(t)) + h_sup(t) for the heuristic modes, checked against a hand-written loop."""
+    idx = tokens()
+    for mode in ("base", "residual", "anchor", "anchor_star"):
+        model = build(**dict(TINY, layout="1+2R3+1", state_mode=mode))
+        h_emb = model.wte(idx) * TINY["n_embd"] ** 0.5
+        cos, sin = model.rope_cos[:idx.shape[1]], model.rope_sin[:idx.shape[1]]
+        h = h0 = model.layers[0](h_emb, cos, sin)
+        for _ in range(3):
+            h_m = model.layers[2](model.layers[1](h, cos, sin), cos, sin)
+            h = h_m + {"base": 0, "residual": h, "anchor": h0, "anchor_star": h_emb}[mode]
+        logits = model.lm_head(model.ln_f(model.layers[3](h, cos, sin)))
+        assert torch.allclose(model(idx)[0], logits, atol=1e-12, rtol=0), mode
+
+
+def test_mesh_routers_are_not_symmetric_at_init():
+    """Zero router weights would keep the empty slots identical forever (mesh.md §2.2): init must not do that."""
+    model = GPT(GPTConfig(**dict(TINY, layout="1+2R2+1", state_mode="mesh")))
+    for router in list(model.mesh.write_routers) + list(model.mesh.read_routers):
+        assert router.weight.std() > 0.05 and router.bias.abs().max() == 0
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_kv_cache_equals_full_recompute(name):
+    """Prefill a prompt, then decode one token at a time and in a chunk: logits equal one full forward."""
+    model = build(**VARIANTS[name])
+    idx = tokens(T=30)
+    full, _ = model(idx)
+    cache = model.new_cache()
+    pieces = [model(idx[:, :9], cache=cache)[0]]
+    pieces += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(9, 21)]
+    pieces.append(model(idx[:, 21:], cache=cache)[0])          # a multi-token chunk after a cached prefix
+    assert cache.length == 30
+    assert torch.allclose(torch.cat(pieces, dim=1), full, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_causality(name):
+    """Changing token t never changes logits at positions < t, and does change position t's."""
+    model = build(**VARIANTS[name])
+    idx = tokens(T=20)
+    changed = idx.clone()
+    changed[:, 12] = (changed[:, 12] + 1) % 64
+    for mode in ("jacobi", "exact") if model.gate is not None else (None,):
+        a, b = model(idx, mode=mode)[0], model(changed, mode=mode)[0]
+        assert torch.equal(a[:, :12], b[:, :12]), mode
+        assert (a[:, 12] - b[:, 12]).abs().max() > 1e-6, mode
+
+
+PAPER_COUNTS = [   # (config fields, non-embedding parameters, router parameters) — mesh.md §1, t2mlr.md §6
+    (dict(n_embd=768, n_head=12, n_layer=12), 85_056_000, 0),
+    (dict(n_embd=768, n_head=12, layout="2+4R2+2", state_mode="mesh"), 56_704_512, 23_070),
+    (dict(n_embd=1024, n_head=16, n_layer=24), 302_311_424, 0),
+    (dict(n_embd=1024, n_head=16, layout="4+8R2+4", state_mode="mesh"), 201_541_632, 30_750),
+    (dict(n_embd=1024, n_head=16, layout="3+6R3+3", state_mode="mesh"), 151_156_736, 49_200),
+    (dict(n_embd=2048, n_head=8, n_layer=16), 805_736_448, 0),
+    (dict(n_embd=2048, n_head=8, layout="3+5R2+3", state_mode="mesh"), 553_945_088, 61_470),
+    (dict(n_embd=2048, n_head=16, n_layer=24), 1_208_602_624, 0),
+    (dict(n_embd=2048, n_head=16, layout="4+8R2+4", state_mode="mesh"), 805_736_448, 61_470),
+    (dict(flavour="llama", n_embd=576, n_layer=30, n_head=9, n_kv_head=3, mlp_hidden=1536), 106_203_456, 0),
+]
+
+
+@pytest.mark.parametrize("fields,non_embedding,router", PAPER_COUNTS)
+def test_paper_parameter_counts(fields, non_embedding, router):
+    """Non-embedding counts equal the papers' exactly (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab_size=50304, block_size=128, **fields))
+    counts = model.param_counts()
+    assert counts["non_embedding"] == non_embedding
+    assert counts["router"] == router
+
+
+def test_pythia_total_and_summary():
+    """Vanilla 1.4B total equals Pythia-1.4B's published 1,414,647,808; the summary prints the paper's numbers."""
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab_size=50304, n_embd=2048, n_head=16, n_layer=24))
+    assert model.param_counts()["total"] == 1_414_647_808
+    text = summary(GPTConfig(vocab_size=50304, n_embd=768, n_head=12, layout="2+4R2+2", state_mode="mesh"))
+    assert "56,704,512" in text and "23,070" in text and "unrolled depth     12" in text
+
+
+# -----------------------------------------------------------------------------
+# T²MLR
+
+def naive_t2mlr_logits(model, idx):
+    """The obvious O(T²) recurrence: for each t, run the FULL stack on idx[:, :t+1] with the known states
+    R_{-1}..R_{t-1} injected at l_start, read h_t at l_end, and set R_t = update_state(h_t, R_{t-1})."""
+    cfg = model.cfg
+    lower, middle, upper = model.split_stack()
+    B, T = idx.shape
+    states = [torch.zeros(B, 1, cfg.n_embd)]                    # R_{-1} = 0
+    logits = []
+    for t in range(T):
+        h = model.wte(idx[:, :t + 1]) * cfg.n_embd ** 0.5
+        h = model.run_layers(h, lower, 0)
+        h = model.run_layers(model.gate(h, torch.cat(states, dim=1)), middle, 0)
+        states.append(update_state(h[:, -1:], states[-1], cfg.state_residual, cfg.state_detach))
+        logits.append(model.lm_head(model.ln_f(model.run_layers(h, upper, 0)))[:, -1:])
+    return torch.cat(logits, dim=1)
+
+
+T2MLR_NAMES = [name for name in VARIANTS if name.startswith("t2mlr")]
+
+
+@pytest.mark.parametrize("name", T2MLR_NAMES)
+def test_jacobi_full_depth_equals_exact_equals_naive(name):
+    """Jacobi with D >= T is exact (t2mlr.md §3): the same logits as exact mode and the naive loop."""
+    T = 12
+    model = build(**dict(VARIANTS[name], jacobi_iters=T, jacobi_grad_iters=2))
+    idx = tokens(T=T)
+    jacobi, exact, naive = model(idx, mode="jacobi")[0], model(idx, mode="exact")[0], naive_t2mlr_logits(model, idx)
+    assert (jacobi - naive).abs().max() <= 1e-6
+    assert (exact - naive).abs().max() <= 1e-6
+    assert (exact - model(idx)[0]).abs().max() == 0               # eval() defaults to exact
+
+
+@pytest.mark.parametrize("name", T2MLR_NAMES)
+def test_jacobi_gradients_equal_exact_gradients(name):
+    """With D >= T and b >= D the Jacobi graph computes the exact function, so every gradient agrees."""
+    T = 10
+    model = build(**dict(VARIANTS[name], jacobi_iters=T, jacobi_grad_iters=T)).train()
+    idx, targets = tokens(T=T), tokens(T=T, seed=2)
+    grads = {}
+    for mode in ("jacobi", "exact"):
+        model.zero_grad()
+        model(idx, targets, mode=mode)[1].backward()
+        grads[mode] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    for n in grads["exact"]:
+        assert torch.allclose(grads["jacobi"][n], grads["exact"][n], atol=1e-9, rtol=1e-7), n
+    assert grads["exact"]["gate.proj.weight"].abs().max() > 0      # the recurrence really carries gradient
+
+
+def test_jacobi_exactness_front_and_convergence():
+    """D < T: positions < D are exact, position D is not; on a contractive setting (small gates) the
+    error beyond the front shrinks as D grows."""
+    T = 24
+    idx = tokens(T=T)
+    model = build(**VARIANTS["t2mlr_llama"])
+    exact = model(idx, mode="exact")[0]
+    for D in (1, 4, 9):
+        model.cfg.jacobi_iters = D
+        diff = (model(idx, mode="jacobi")[0] - exact).abs().amax(dim=(0, 2))
+        assert diff[:D].max() <= 1e-9 and diff[D] > 1e-6, D
+    with torch.no_grad():
+        model.gate.theta_r.fill_(0.05)
+        model.gate.theta_x.fill_(0.05)
+    exact = model(idx, mode="exact")[0]
+    errors = []
+    for D in (1, 2, 4, 8, 16):
+        model.cfg.jacobi_iters = D
+        errors.append((model(idx, mode="jacobi")[0] - exact).abs().max().item())
+    assert all(a > b for a, b in zip(errors, errors[1:])) and errors[-1] < errors[0] / 20, errors
+
+
+def test_zero_global_gates_equal_vanilla():
+    """θ_r = θ_x = 0 makes the gate an exact identity: T²MLR logits equal the vanilla model's, in both modes."""
+    fields = dict(TINY_LLAMA, n_layer=5)
+    vanilla = build(**fields)
+    t2mlr = GPT(GPTConfig(**fields, t2mlr=True, l_start=1, l_end=3)).eval()    # gate at its identity init
+    missing, unexpected = t2mlr.load_state_dict(vanilla.state_dict(), strict=False)
+    assert unexpected == [] and all(name.startswith("gate.") for name in missing)
+    idx = tokens()
+    for mode in ("jacobi", "exact"):
+        assert torch.allclose(t2mlr(idx, mode=mode)[0], vanilla(idx)[0], atol=1e-12, rtol=0), mode
+
+
+def test_batch_rows_are_independent():
+    """A row's logits do not depend on the other rows of the batch, in every mode."""
+    model = build(**VARIANTS["t2mlr_llama"])
+    idx = tokens(B=4, T=16)
+    for mode in ("jacobi", "exact"):
+        together = model(idx, mode=mode)[0]
+        alone = torch.cat([model(idx[i:i + 1], mode=mode)[0] for i in range(4)])
+        assert torch.allclose(together, alone, atol=1e-12, rtol=0), mode
+
+
+def test_shift_pads_with_zeros_never_rolls():
+    x = torch.arange(6.0).view(1, 3, 2)
+    assert torch.equal(shift_right(x), torch.tensor([[[0.0, 0.0], [0.0, 1.0], [2.0, 3.0]]]))
+
+
+def test_state_update_clamps_its_stop_gradient_scale():
+    """R = s·(h + R_prev) with s = clamp(1/rms, 0.2, 5) on detached values (t2mlr.md §2)."""
+    h = torch.full((1, 1, 4), 10.0, requires_grad=True)             # rms 10 -> s = 0.1, clamped to 0.2
+    r = update_state(h, torch.zeros(1, 1, 4), residual=True, detach=False)
+    assert torch.allclose(r, torch.full((1, 1, 4), 2.0))
+    r.sum().backward()
+    assert torch.allclose(h.grad, torch.full((1, 1, 4), 0.2))     # the scale is a constant for autograd
+    small = update_state(torch.full((1, 1, 4), 0.5), torch.zeros(1, 1, 4), residual=True, detach=False)
+    assert torch.allclose(small, torch.full((1, 1, 4), 1.0), atol=1e-5)    # rms 0.5 -> s = 2 -> unit rms
