@@ -1,0 +1,40 @@
+# T²MLR on SmolLM2-135M: the middle 20% of the stack (layers 12..17, "D6") is recurrent in time (t2mlr.md §5-6).
+# Run: python train.py config/smollm2_135m_t2mlr.py
+# Other recurrent ranges of t2mlr.md §5 (L = 30, l_end = L - 1 - l_start), as overrides:
+#   D2  --l_start=14 --l_end=15      D14 --l_start=8 --l_end=21
+#   D22 --l_start=4  --l_end=25      D30 --l_start=0 --l_end=29
+# Retrofit a trained SmolLM2 checkpoint (the gate starts as an exact identity):
+#   python train.py config/smollm2_135m_t2mlr.py --init_from=out/smollm2_135m/ckpt.pt
+
+# model (t2mlr.md §6): the SmolLM2-135M baseline ...
+flavour = "llama"               # RMSNorm, sequential residual, SwiGLU, rotary on all dims, GQA, no biases, tied
+vocab_size = 50304              # GPT-2 BPE padded (the reference used SmolLM2's own 49,152-token vocabulary)
+n_layer = 30
+n_embd = 576
+n_head = 9
+n_kv_head = 3                   # grouped-query attention: 3 key/value heads
+mlp_hidden = 1536               # SwiGLU width
+rope_theta = 100000.0
+block_size = 2048
+# ... plus temporal middle-layer recurrence (t2mlr.md §1-3, the FineWeb run's settings)
+t2mlr = True
+l_start = 12                    # the gate mixes R_{t-1} into the input of layer 12
+l_end = 17                      # the state R_t is written from the output of layer 17
+jacobi_iters = 16               # D: Jacobi sweeps per training step
+jacobi_grad_iters = 4           # b: sweeps that carry gradient
+state_residual = True           # R_t = s·(h_t + R_{t-1}), clamped stop-gradient RMS scale s
+state_detach = False            # gradient flows along the R chain (FineWeb setting)
+
+# data and optimisation (t2mlr.md §6)
+dataset = "fineweb_edu"         # FineWeb-Edu sample-10BT, as the reference
+total_batch_size = 524_288      # 256 sequences x 2048 tokens
+batch_size = 8                  # sequences per GPU per micro-step (Jacobi keeps b+1 copies of the middle block's activations)
+max_iters = 20_000              # ~1 epoch of the 10B-token sample (the reference ran one epoch, ~19k steps)
+learning_rate = 6e-4
+min_lr = 6e-7                   # cosine_with_min_lr, min_lr_rate 0.001
+warmup_iters = 1000             # 5% of the steps
+weight_decay = 0.01
+beta1 = 0.9
+beta2 = 0.98
+grad_clip = 1.0
+out_dir = "out/smollm2_135m_t2mlr"
