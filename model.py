@@ -556,19 +556,23 @@ class GPT(nn.Module):
     def jacobi_forward(self, h_emb, probes=None):
         """Parallel T²MLR training pass (t2mlr.md §3, lean form). h_emb (B, T, C) -> top output (B, T, C).
 
-        x = lower(h_emb) once. A plain pass of the middle block gives the warm start C = shift(h);
-        then D-1 Jacobi sweeps, each running the middle block on the fixed x with the gate fed C and
-        setting C = shift(update_state(h, C)); a final pass of middle + upper with the last C. Every
-        sweep makes one more position exact (C_0 = 0 is exact), so positions < D equal exact recurrence.
+        x = lower(h_emb) once. Starting from the state C = 0, D-1 Jacobi sweeps each run the middle
+        block on the fixed x with the gate fed C, then set C = shift(update_state(h, C)); a final pass
+        of middle + upper uses the last C. C_0 = 0 is exact and every sweep makes one more position
+        exact, so positions < D equal exact recurrence (all of them when D >= T).
         Sweeps older than the last b run under no_grad (the same values and gradients as detaching them).
+
+        Departure from the reference (t2mlr.md §3): it warm-starts C from an extra plain pass of the
+        middle block. Our first sweep from C = 0 costs the same and already makes positions 0 and 1
+        exact, so the reference's exactness front is reached with one middle pass less (D instead of
+        D+1); values beyond the front differ slightly.
         """
         cfg = self.cfg
         D, b = cfg.jacobi_iters, cfg.jacobi_grad_iters
         lower, middle, upper = self.split_stack()
         grad = torch.is_grad_enabled()
         x = self.run_layers(h_emb, lower, 0, probes=probes, name="lower")
-        with torch.set_grad_enabled(grad and b >= D):
-            state = shift_right(self.run_layers(x, middle, 0))                # C^(0): plain pass, no gate
+        state = torch.zeros_like(x)                                            # C^(0): R_{-1} = 0 everywhere
         for d in range(D - 1):
             with torch.set_grad_enabled(grad and D - 1 - d <= b):
                 h = self.run_layers(self.gate(x, state), middle, 0)           # h^(d+1)
@@ -668,14 +672,14 @@ class GPT(nn.Module):
         """Per unique layer, (forward passes, backward passes) in one training step, for FLOP counting.
 
         Plain and recursive: each application once forward and once backward (a core layer K times).
-        T²MLR Jacobi (§3, lean): lower 1/1; middle D+1 forward (plain + D-1 sweeps + final), b+1 backward; upper 1/1.
+        T²MLR Jacobi (§3, lean): lower 1/1; middle D forward (D-1 sweeps + final), min(b, D-1)+1 backward; upper 1/1.
         """
         p, c, k, q = self.cfg.depth
         passes = [(1, 1)] * p + [(k, k)] * c + [(1, 1)] * q
         if self.gate is not None:
             start, end = self.cfg.recurrent_layers
             D, b = self.cfg.jacobi_iters, self.cfg.jacobi_grad_iters
-            middle = (D + 1, min(b, D) + 1)
+            middle = (D, min(b, D - 1) + 1)
             passes = [middle if start <= i <= end else (1, 1) for i in range(len(passes))]
         return passes
 
@@ -695,7 +699,7 @@ class GPT(nn.Module):
             start, end = self.cfg.recurrent_layers
             n_gate = sum(p.numel() for p in self.gate.parameters())
             f, b = self.layer_passes()[start]
-            flops += (f - 1 + 2 * b) * 2 * n_gate        # the gate runs in every pass but the plain one
+            flops += (f + 2 * b) * 2 * n_gate            # the gate runs with every pass of the middle block
         if self.mesh is not None:
             flops += 6 * sum(p.numel() for p in self.mesh.parameters())
         return flops + 6 * cfg.n_embd * cfg.vocab_size
@@ -739,8 +743,9 @@ def summary(cfg: GPTConfig) -> str:
 if __name__ == "__main__":
     import sys
     from configurator import ConfigError, load_config
+    from train import TrainConfig             # config files hold training keys too
     try:
-        (model_cfg,) = load_config(sys.argv[1:], GPTConfig(), ignore_unknown=True)
+        model_cfg, _ = load_config(sys.argv[1:], GPTConfig, TrainConfig)
     except (ConfigError, ValueError) as e:
         sys.exit(f"error: {e}")
     print(summary(model_cfg))

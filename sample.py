@@ -1,0 +1,90 @@
+"""
+Sample from a trained model: reads out_dir/ckpt.pt (written by train.py) and prints continuations.
+
+    python sample.py --out_dir=out/tiny_mesh --start="def main(" --num_samples=3 --max_new_tokens=200
+    python sample.py --out_dir=out/tiny_mesh --start=FILE:prompt.txt --temperature=0     # greedy
+    python sample.py --help
+"""
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from configurator import ConfigError, load_config
+from model import GPT, GPTConfig
+from prepare_data import DataError, get_tokenizer
+from train import RunError, autocast_context, load_checkpoint, resolve_device, resolve_dtype
+
+
+@dataclass
+class SampleConfig:
+    out_dir: str = "out"                  # folder holding ckpt.pt
+    start: str = "\n"                     # the prompt, or FILE:<path> to read it from a file; "" = the EOT token
+    num_samples: int = 3                  # independent samples, printed one after another
+    max_new_tokens: int = 500             # tokens generated per sample
+    temperature: float = 0.8              # < 1 sharpens, > 1 flattens the distribution; 0 = greedy
+    top_k: Optional[int] = 200            # sample among the k most likely tokens (clamped to the vocabulary); None = all
+    seed: int = 1337                      # seeds the sampling generator: same seed, same samples
+    device: str = "auto"                  # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'mps'
+    dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), 'float32', 'bfloat16', 'float16'
+
+    def __post_init__(self):
+        if self.num_samples < 1 or self.max_new_tokens < 0 or self.temperature < 0:
+            raise ValueError(f"need num_samples >= 1, max_new_tokens >= 0 and temperature >= 0; got "
+                             f"{self.num_samples}, {self.max_new_tokens}, {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k = {self.top_k} must be >= 1 or None")
+
+
+def main(argv):
+    """Print num_samples continuations of the prompt. Raises ConfigError, RunError (bad checkpoint or prompt
+    file) or DataError (the tokenizer cannot load)."""
+    (cfg,) = load_config(argv, SampleConfig)
+    device = resolve_device(cfg.device)
+    device_type = device.split(":")[0]
+    autocast = autocast_context(device_type, resolve_dtype(cfg.dtype, device_type))
+
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    ckpt = load_checkpoint(path)
+    try:
+        model_cfg = GPTConfig(**ckpt["model_config"])
+        model = GPT(model_cfg)
+        model.load_state_dict(ckpt["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:   # a checkpoint from another version or tool
+        raise RunError(f"{path} does not fit this model.py: {type(e).__name__}: {' '.join(str(e).split())}")
+    tokenizer = get_tokenizer(ckpt["tokenizer"])
+    model.eval().to(device)                            # eval(): T²MLR generates with the exact recurrence
+    print(f"{path}: step {ckpt['step']}, val loss {ckpt['val_loss']:.4f}", file=sys.stderr)
+
+    text = cfg.start
+    if text.startswith("FILE:"):
+        try:
+            with open(text[5:], encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise RunError(f"cannot read prompt file {text[5:]}: {e.strerror}")
+    ids = tokenizer.encode(text) or [tokenizer.eot]   # the model needs at least one token to condition on
+    if len(ids) > model_cfg.block_size:
+        print(f"prompt has {len(ids)} tokens; keeping its last block_size = {model_cfg.block_size}", file=sys.stderr)
+        ids = ids[-model_cfg.block_size:]
+    idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
+    top_k = None if cfg.top_k is None else min(cfg.top_k, model_cfg.vocab_size)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+
+    with autocast:
+        out = model.generate(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=top_k, generator=generator)
+    for row in out.tolist():
+        # ids >= the tokenizer's vocabulary are padding rows of the embedding, never seen in training; drop
+        # them so decoding cannot fail on an untrained model
+        print(tokenizer.decode([i for i in row if i < tokenizer.vocab_size]))
+        print("-" * 80)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (ConfigError, DataError, RunError) as e:
+        sys.exit(f"error: {e}")

@@ -1,0 +1,370 @@
+"""
+Tests for configurator.py, train.py and sample.py (CPU, well under 3 minutes): the config loader, the LR
+schedule, memmap window bounds, fixed validation windows, checkpoints, data errors, and end-to-end runs
+of train.py (scratch, bit-exact resume, non-finite stop, 2-rank gloo DDP) followed by sample.py.
+
+    python -m pytest test_train.py -q
+"""
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from configurator import ConfigError, changed_fields, load_config
+from model import GPT, GPTConfig
+from sample import SampleConfig
+from train import (RunError, TrainConfig, get_batch, get_lr, grad_accum_steps, load_checkpoint, load_meta,
+                   model_config_from_checkpoint, random_starts, rng_states, save_checkpoint, set_rng_states,
+                   val_starts)
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+TINY = ["--n_layer=2", "--n_embd=32", "--n_head=2", "--block_size=32", "--vocab_size=320",
+        "--batch_size=4", "--total_batch_size=256", "--eval_iters=2", "--log_interval=1",
+        "--device=cpu", "--compile=False", "--progress=False", "--learning_rate=1e-2", "--min_lr=1e-3",
+        "--warmup_iters=0"]
+
+
+def load(*argv):
+    return load_config(list(argv), GPTConfig, TrainConfig)
+
+
+def write_dataset(folder, train_tokens=6000, val_tokens=800, seed=0):
+    """A byte-level dataset as prepare_data.py writes it: a repeated sentence, so a model can learn it."""
+    os.makedirs(folder, exist_ok=True)
+    text = ("The quick brown fox jumps over the lazy dog. " * 400).encode()
+    ids = np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
+    ids[:train_tokens].tofile(os.path.join(folder, "train.bin"))
+    ids[train_tokens:train_tokens + val_tokens].tofile(os.path.join(folder, "val.bin"))
+    meta = {"tokenizer": "byte", "vocab_size": 257, "eot": 256, "dtype": "uint16",
+            "train_tokens": train_tokens, "val_tokens": val_tokens}
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    return ids
+
+
+def run(script, *args, cwd, torchrun=False):
+    cmd = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] if torchrun else [])
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    return subprocess.run(cmd + [os.path.join(ROOT, script), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+# -----------------------------------------------------------------------------
+# Config loader
+
+def test_config_file_then_command_line(tmp_path):
+    path = tmp_path / "cfg.py"
+    path.write_text("import math\n_scratch = 7\nbatch_size = 2 * math.floor(2.5)\nn_embd = 64\nn_head = 4\n"
+                    "learning_rate = 1\nlayout = '2+2R2+2'\n")
+    model_cfg, cfg = load(str(path), "--batch_size=8", "--out_dir=a=b", "--dataset=123")
+    assert cfg.batch_size == 8                        # the command line wins over the file
+    assert cfg.learning_rate == 1.0 and type(cfg.learning_rate) is float   # int -> float
+    assert cfg.out_dir == "a=b"                       # split on the first '='
+    assert cfg.dataset == "123"                       # a string field keeps literal-looking text
+    assert model_cfg.layout == "2+2R2+2" and model_cfg.n_embd == 64
+    assert model_cfg.mlp_hidden == 256                # 4 * the NEW n_embd: defaults re-resolved, not copied
+    assert changed_fields(cfg) == {"batch_size": 8, "out_dir": "a=b", "dataset": "123", "learning_rate": 1.0}
+
+
+def test_bool_and_none_parsing():
+    _, cfg = load("--compile=true", "--progress=False", "--peak_flops=None")
+    assert cfg.compile is True and cfg.progress is False and cfg.peak_flops is None
+    _, cfg = load("--compile=None", "--progress=false", "--peak_flops=3e14")
+    assert cfg.compile is None and cfg.progress is False and cfg.peak_flops == 3e14
+    with pytest.raises(ConfigError, match=r"progress=1 \(command line\): expected bool"):
+        load("--progress=1")
+    with pytest.raises(ConfigError, match="batch_size=None .*expected int"):
+        load("--batch_size=None")                     # None only for Optional fields
+
+
+def test_unknown_keys_and_wrong_types(tmp_path):
+    path = tmp_path / "typo.py"
+    path.write_text("batch_sise = 4\n")
+    with pytest.raises(ConfigError, match=f"unknown config key 'batch_sise' in {path} .*did you mean 'batch_size'"):
+        load(str(path))
+    with pytest.raises(ConfigError, match=r"unknown config key 'n_emb' in command line \(did you mean 'n_embd'\?\)"):
+        load("--n_emb=64")
+    with pytest.raises(ConfigError, match=r"batch_size=4.5 \(command line\): expected int"):
+        load("--batch_size=4.5")
+    path.write_text("learning_rate = 'fast'\n")
+    with pytest.raises(ConfigError, match=f"learning_rate='fast' \\({path}\\): expected float"):
+        load(str(path))
+    with pytest.raises(ConfigError, match="--key=value"):
+        load("--batch_size")
+    with pytest.raises(ConfigError, match="n_head"):  # GPTConfig.__post_init__'s ValueError, reported the same way
+        load("--n_head=5")
+    with pytest.raises(ConfigError, match="val_mode 'fast'"):
+        load("--val_mode=fast")
+
+
+def test_help_lists_every_key_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load("--help")
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--batch_size=16  (int)  # sequences per micro-step per rank" in out
+    assert "--n_kv_head=None  (Optional[int])" in out
+    for cfg in (GPTConfig(), TrainConfig()):
+        for key in cfg.__dataclass_fields__:
+            assert f"--{key}=" in out
+
+
+def test_scripts_print_one_line_errors(tmp_path):
+    result = run("train.py", "--batch_sise=3", cwd=tmp_path)
+    assert result.returncode != 0
+    assert result.stderr.strip() == "error: unknown config key 'batch_sise' in command line (did you mean 'batch_size'?)"
+    result = run("sample.py", f"--out_dir={tmp_path}", cwd=tmp_path)
+    assert result.returncode != 0 and result.stderr.strip() == f"error: no checkpoint at {tmp_path}/ckpt.pt"
+    (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
+    result = run("sample.py", f"--out_dir={tmp_path}", cwd=tmp_path)
+    assert result.returncode != 0 and result.stderr.startswith(f"error: cannot read checkpoint {tmp_path}/ckpt.pt")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+# -----------------------------------------------------------------------------
+# LR schedule
+
+def test_lr_warmup_then_cosine_to_min_lr():
+    cfg = TrainConfig(max_iters=100, warmup_iters=10, learning_rate=1e-3, min_lr=1e-4)
+    lrs = [get_lr(s, cfg) for s in range(cfg.max_iters)]
+    assert 0 < lrs[0] == pytest.approx(1e-3 / 11)     # never 0 at step 0
+    assert all(a < b for a, b in zip(lrs[:11], lrs[1:11]))   # warmup rises
+    assert lrs[10] == pytest.approx(1e-3)             # the peak right after warmup
+    assert all(a > b for a, b in zip(lrs[10:], lrs[11:]))    # the cosine strictly decays
+    assert lrs[-1] == pytest.approx(1e-4)             # min_lr at the last optimizer step
+    assert get_lr(10_000, cfg) == pytest.approx(1e-4)  # clamped beyond
+
+
+@pytest.mark.parametrize("max_iters, warmup", [(50, 0), (50, 50), (50, 80), (1, 0), (1, 1), (0, 0)])
+def test_lr_edges_are_finite_and_positive(max_iters, warmup):
+    cfg = TrainConfig(max_iters=max_iters, warmup_iters=warmup, learning_rate=1e-3, min_lr=1e-5)
+    lrs = [get_lr(s, cfg) for s in range(max(max_iters, 1))]
+    assert all(math.isfinite(lr) and 1e-5 <= lr <= 1e-3 for lr in lrs)
+    if warmup == 0:
+        assert lrs[0] == 1e-3
+    if warmup >= max_iters > 1:                       # warmup all the way: rises, never decays
+        assert all(a < b for a, b in zip(lrs, lrs[1:]))
+
+
+# -----------------------------------------------------------------------------
+# Data: batch sizes, window bounds, fixed val windows
+
+def test_grad_accum_refuses_non_divisible_batch():
+    assert grad_accum_steps(4096, 4, 256, 1) == 4
+    assert grad_accum_steps(4096, 4, 256, 2) == 2
+    with pytest.raises(ConfigError, match=r"total_batch_size = 1000 tokens .* = 4 \* 64 \* 2 = 512"):
+        grad_accum_steps(1000, 4, 64, 2)
+    with pytest.raises(ConfigError, match="= 2048"):
+        grad_accum_steps(1024, 4, 256, 2)             # smaller than one micro-step over all ranks
+
+
+def test_windows_reach_the_last_token_and_never_overrun(tmp_path):
+    data = np.arange(40, dtype=np.uint16)
+    path = tmp_path / "x.bin"
+    data.tofile(path)
+    block = 8
+    starts = random_starts(len(data), block, 2000, torch.Generator().manual_seed(0))
+    assert min(starts) == 0 and max(starts) == len(data) - block - 1    # both ends drawn, nothing beyond
+    x, y = get_batch(str(path), np.uint16, [0, len(data) - block - 1], block, "cpu")
+    assert x.dtype == torch.int64 and x.shape == y.shape == (2, block)
+    assert x[0].tolist() == list(range(block)) and y[0].tolist() == list(range(1, block + 1))
+    assert y[1, -1].item() == data[-1]                # the final token is a target
+    assert random_starts(block + 1, block, 5, torch.Generator()) == [0] * 5   # the shortest valid split
+
+
+def test_split_of_block_size_plus_one_works_and_block_size_errors(tmp_path):
+    write_dataset(tmp_path, train_tokens=33, val_tokens=33)
+    assert load_meta(str(tmp_path), 32)["train_tokens"] == 33
+    with pytest.raises(RunError, match=r"the train split has 33 tokens, fewer than block_size \+ 1 = 34"):
+        load_meta(str(tmp_path), 33)
+
+
+def test_data_errors_name_the_fix(tmp_path):
+    missing = tmp_path / "data" / "pydoc"
+    with pytest.raises(RunError, match=f"no {missing}/meta.json: .*`python prepare_data.py --source pydoc "
+                                       f"--tokenizer byte --out_dir {tmp_path}/data`"):
+        load_meta(str(missing), 32)
+    write_dataset(tmp_path / "data" / "mine")
+    with open(tmp_path / "data" / "mine" / "val.bin", "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(RunError, match="val.bin has 100 bytes but meta.json says 800 tokens x 2 bytes: the data is "
+                                       "incomplete, re-run `python prepare_data.py --input <your files> --name mine"):
+        load_meta(str(tmp_path / "data" / "mine"), 32)
+
+
+def test_val_windows_are_fixed_even_and_cover_the_split():
+    starts = val_starts(1000, 32, 10)
+    assert starts == val_starts(1000, 32, 10)         # no randomness: identical across runs and variants
+    assert starts[0] == 0 and starts[-1] == 1000 - 32 - 1
+    assert max(np.diff(starts)) - min(np.diff(starts)) <= 1    # evenly strided
+    shards = [starts[r::3] for r in range(3)]           # dealt to 3 ranks: every window exactly once
+    assert sorted(sum(shards, [])) == starts
+    assert val_starts(33, 32, 4) == [0, 0, 0, 0]
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints
+
+def tiny_model():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=16, vocab_size=64, layout=""))
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    x = torch.randint(0, 64, (2, 16))
+    model(x, x)[1].backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_checkpoint_round_trip_with_weights_only(tmp_path):
+    model, optimizer = tiny_model()
+    gen = torch.Generator().manual_seed(5)
+    gen_draw = torch.randint(100, (3,), generator=gen)      # advance it, so its state is not the seed's
+    path = str(tmp_path / "ckpt.pt")
+    states = rng_states(gen)
+    save_checkpoint(path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 7,
+                           "rng": [states], "model_config": {"n_layer": 1}})
+    expected = (torch.rand(3), np.random.rand(), torch.randint(100, (3,), generator=gen))
+    assert os.listdir(tmp_path) == ["ckpt.pt"]        # the temporary file was renamed away
+    ckpt = torch.load(path, weights_only=True)        # what load_checkpoint does; must not need pickled classes
+    assert ckpt["step"] == 7 and not gen_draw.equal(expected[2])
+    for k, v in model.state_dict().items():
+        assert torch.equal(ckpt["model"][k], v)
+    saved_state = ckpt["optimizer"]["state"]
+    for i, state in optimizer.state_dict()["state"].items():
+        assert torch.equal(saved_state[i]["exp_avg"], state["exp_avg"])
+        assert torch.equal(saved_state[i]["exp_avg_sq"], state["exp_avg_sq"])
+    set_rng_states(load_checkpoint(path)["rng"][0], gen)     # the RNGs replay the same draws
+    assert torch.equal(torch.rand(3), expected[0]) and np.random.rand() == expected[1]
+    assert torch.equal(torch.randint(100, (3,), generator=gen), expected[2])
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    path = str(tmp_path / "ckpt.pt")
+    save_checkpoint(path, {"step": 1})
+
+    def crash(obj, f):
+        with open(f, "wb") as fh:
+            fh.write(b"half a checkpoint")
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        save_checkpoint(path, {"step": 2})
+    assert load_checkpoint(path)["step"] == 1         # the old checkpoint is intact
+
+
+def test_resume_rejects_a_different_architecture():
+    stored = {"model_config": dataclasses.asdict(GPTConfig(n_embd=64, n_head=4, layout="1+2R2+1"))}
+    assert model_config_from_checkpoint(stored, GPTConfig()).layout == "1+2R2+1"    # nothing given: take it
+    assert model_config_from_checkpoint(stored, GPTConfig(n_embd=64, n_head=4)).n_embd == 64
+    with pytest.raises(RunError, match=r"differs from the checkpoint's in n_head \(given 2, checkpoint 4\), "
+                                       r"n_kv_head \(given 2, checkpoint 4\)"):
+        model_config_from_checkpoint(stored, GPTConfig(n_embd=64, n_head=2))
+
+
+# -----------------------------------------------------------------------------
+# End to end: train.py and sample.py as a user runs them
+
+def test_train_then_sample(tmp_path):
+    write_dataset(tmp_path / "data" / "fox")
+    out = tmp_path / "out"
+    result = run("train.py", *TINY, "--dataset=fox", "--max_iters=12", "--eval_interval=6", f"--out_dir={out}",
+                 cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = read_log(out)
+    assert rows[0]["init_from"] == "scratch" and rows[0]["model_config"]["n_layer"] == 2
+    train_rows, val_rows = [r for r in rows if "loss" in r], [r for r in rows if "val_loss" in r]
+    assert [r["step"] for r in train_rows] == list(range(12))     # exactly max_iters optimizer steps
+    assert [r["step"] for r in val_rows] == [0, 6, 12]            # evaluated at the start, interval, end
+    assert val_rows[-1]["val_loss"] < val_rows[0]["val_loss"] - 1.0   # it learned the sentence
+    assert train_rows[-1]["lr"] == pytest.approx(1e-3)              # min_lr at the last step
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    assert ckpt["step"] == 12 and ckpt["tokenizer"] == "byte" and ckpt["val_loss"] == val_rows[-1]["val_loss"]
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
+    assert "4 seqs x 32 tokens x 1 ranks x 2 accumulation steps" in result.stdout
+
+    result = run("sample.py", f"--out_dir={out}", "--start=The quick", "--num_samples=2", "--max_new_tokens=20",
+                 "--top_k=100000", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    samples = result.stdout.split("-" * 80 + "\n")
+    assert len(samples) == 3 and samples[-1] == ""
+    assert all(s.startswith("The quick") for s in samples[:2])
+    greedy = [run("sample.py", f"--out_dir={out}", "--temperature=0", "--num_samples=1", "--max_new_tokens=10",
+                  f"--start={'x' * 40}", cwd=tmp_path) for _ in range(2)]
+    assert greedy[0].stdout == greedy[1].stdout       # greedy is deterministic
+    assert "keeping its last block_size = 32" in greedy[0].stderr   # a 40-token prompt was cropped
+    assert greedy[0].stdout.startswith("x" * 32)
+
+
+def test_resume_replays_the_uninterrupted_run_exactly(tmp_path):
+    write_dataset(tmp_path / "data" / "fox")
+    # a constant LR makes the schedule independent of max_iters, so a run stopped at step 4 and resumed
+    # to 8 must match a run straight to 8 bit for bit (same batches, optimizer state and RNGs)
+    flat = [*TINY, "--dataset=fox", "--min_lr=1e-2", "--eval_interval=4"]
+    straight = run("train.py", *flat, "--max_iters=8", "--out_dir=a", cwd=tmp_path)
+    first = run("train.py", *flat, "--max_iters=4", "--out_dir=b", cwd=tmp_path)
+    resumed = run("train.py", *flat, "--max_iters=8", "--out_dir=b", "--init_from=resume", cwd=tmp_path)
+    assert straight.returncode == first.returncode == resumed.returncode == 0, resumed.stderr
+    a, b = load_checkpoint(str(tmp_path / "a" / "ckpt.pt")), load_checkpoint(str(tmp_path / "b" / "ckpt.pt"))
+    assert b["step"] == 8
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    log_a, log_b = read_log(tmp_path / "a"), read_log(tmp_path / "b")
+    assert [r["loss"] for r in log_a if "loss" in r] == [r["loss"] for r in log_b if "loss" in r]
+    assert [r["step"] for r in log_b if "val_loss" in r] == [0, 4, 8]   # appended, step 4 not evaluated twice
+    mismatch = run("train.py", *flat, "--n_embd=64", "--out_dir=b", "--init_from=resume", cwd=tmp_path)
+    assert mismatch.returncode != 0 and "n_embd (given 64, checkpoint 32)" in mismatch.stderr
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path):
+    write_dataset(tmp_path / "data" / "fox")
+    result = run("train.py", *TINY, "--dataset=fox", "--learning_rate=1e30", "--min_lr=1e30", "--grad_clip=0",
+                 "--max_iters=10", "--eval_interval=5", "--out_dir=out", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "error: non-finite train loss nan at step 1; stopped before the update" in result.stderr
+    assert load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))["step"] == 0
+
+
+def test_two_rank_gloo_ddp_matches_single_process_eval(tmp_path):
+    write_dataset(tmp_path / "data" / "fox")
+    args = [*TINY, "--dataset=fox", "--max_iters=3", "--eval_interval=3", "--total_batch_size=512"]
+    single = run("train.py", *args, "--out_dir=one", cwd=tmp_path)
+    ddp = run("train.py", *args, "--out_dir=two", cwd=tmp_path, torchrun=True)
+    assert single.returncode == 0 and ddp.returncode == 0, ddp.stderr
+    assert "4 seqs x 32 tokens x 2 ranks x 2 accumulation steps" in ddp.stdout
+    one, two = read_log(tmp_path / "one"), read_log(tmp_path / "two")
+    assert two[0]["world_size"] == 2
+    # the same init and the same fixed val windows, split over 2 ranks and all-reduced: the same val loss
+    assert two[1]["val_loss"] == pytest.approx(one[1]["val_loss"], rel=1e-5)
+    ckpt = load_checkpoint(str(tmp_path / "two" / "ckpt.pt"))
+    assert ckpt["step"] == 3 and len(ckpt["rng"]) == 2         # both ranks' data positions saved
+    assert not ckpt["rng"][0]["data"].equal(ckpt["rng"][1]["data"])
+
+
+def test_t2mlr_val_mode_reaches_the_model(tmp_path):
+    write_dataset(tmp_path / "data" / "fox")
+    args = [*TINY, "--dataset=fox", "--t2mlr=True", "--l_start=0", "--l_end=0", "--jacobi_iters=2",
+            "--jacobi_grad_iters=1", "--max_iters=2", "--eval_interval=1"]
+    runs = {mode: run("train.py", *args, f"--val_mode={mode}", f"--out_dir={mode}", cwd=tmp_path)
+            for mode in ("exact", "jacobi")}
+    for mode, result in runs.items():
+        assert result.returncode == 0, result.stderr
+        assert f"step 2: val loss ({mode})" in result.stdout
+        assert [r["val_mode"] for r in read_log(tmp_path / mode) if "val_loss" in r] == [mode] * 3
+
+
+def test_sample_config_validates():
+    assert SampleConfig().top_k == 200
+    with pytest.raises(ValueError, match="top_k = 0"):
+        SampleConfig(top_k=0)

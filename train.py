@@ -1,0 +1,443 @@
+"""
+Train a GPT: vanilla, recursive with MeSH or a fixed state passing (layout "P+CRK+Q"), or T²MLR.
+
+Single device:     python train.py config/mesh_160m.py
+CPU smoke test:    python train.py config/tiny_mesh.py --device=cpu --compile=False --max_iters=20
+One node, 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/mesh_160m.py
+Two nodes:         torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \
+                       train.py config/mesh_160m.py        (and --node_rank=1 on the second node)
+Resume:            python train.py config/mesh_160m.py --init_from=resume
+Every key:         python train.py --help
+
+Writes out_dir/ckpt.pt (the latest state, written atomically at every evaluation) and appends one JSON
+row per log or evaluation step to out_dir/log.jsonl.
+"""
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from configurator import ConfigError, changed_fields, load_config
+from model import GPT, GPTConfig
+
+
+# -----------------------------------------------------------------------------
+# Defaults: every key of a run besides the model's (GPTConfig in model.py). Config files and
+# --key=value override both (configurator.py); `python train.py --help` lists them all.
+
+@dataclass
+class TrainConfig:
+    # I/O
+    out_dir: str = "out"                  # ckpt.pt and log.jsonl go here
+    init_from: str = "scratch"            # 'scratch' or 'resume' (everything from out_dir/ckpt.pt)
+    dataset: str = "pydoc"                # reads data/<dataset>/{train,val}.bin + meta.json (prepare_data.py)
+    data_dir: Optional[str] = None        # read this folder instead of data/<dataset>
+    # evaluation and logging
+    eval_interval: int = 250              # evaluate and checkpoint every this many steps, and at the end
+    eval_iters: int = 20                  # val batches: eval_iters * batch_size fixed windows over all ranks
+    val_mode: str = "exact"               # T²MLR only: 'exact' (token by token: the true loss) or 'jacobi'
+    log_interval: int = 10                # print and log the train loss every this many steps
+    progress: bool = True                 # tqdm progress bar on rank 0
+    # batch, in tokens (build-nanogpt); gradient accumulation is derived from it
+    total_batch_size: int = 524288        # tokens per optimizer step, over all ranks and micro-steps
+    batch_size: int = 16                  # sequences per micro-step per rank
+    # optimizer and schedule, counted in optimizer steps (never micro-steps)
+    max_iters: int = 5000                 # number of optimizer steps
+    learning_rate: float = 6e-4           # peak LR, reached after warmup
+    min_lr: float = 6e-5                  # cosine floor, reached at the last step
+    warmup_iters: int = 200               # linear warmup steps
+    weight_decay: float = 0.1             # AdamW, on >= 2-D tensors only
+    beta1: float = 0.9                    # AdamW β1
+    beta2: float = 0.95                   # AdamW β2
+    grad_clip: float = 1.0                # clip the global grad norm to this; 0 = off (the norm is still logged)
+    # system
+    device: str = "auto"                  # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
+    dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), 'float32', 'bfloat16', 'float16'
+    compile: Optional[bool] = None        # torch.compile; None = on for CUDA only
+    seed: int = 1337                      # model init and global RNGs (same on every rank); data RNG = seed + rank
+    peak_flops: Optional[float] = None    # peak FLOP/s of one device, for MFU; None = table for known GPUs
+
+    def __post_init__(self):
+        choices = {"init_from": ("scratch", "resume"), "val_mode": ("exact", "jacobi"),
+                   "dtype": ("auto", "float32", "bfloat16", "float16")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
+        for name in ("eval_interval", "eval_iters", "log_interval", "total_batch_size", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
+        if self.max_iters < 0 or self.warmup_iters < 0 or not 0 <= self.min_lr <= self.learning_rate:
+            raise ValueError(f"need max_iters >= 0, warmup_iters >= 0, 0 <= min_lr <= learning_rate; got "
+                             f"{self.max_iters}, {self.warmup_iters}, {self.min_lr}, {self.learning_rate}")
+
+
+class RunError(RuntimeError):
+    """A problem with the data, a checkpoint or the run itself; printed as one line `error: ...`."""
+
+
+# Dense bf16 tensor-core peak FLOP/s per GPU, matched against torch.cuda.get_device_name() in this
+# order (so "H100 PCIe" before "H100", "L40S" before "L4"). With dtype=float32 MFU reads low.
+PEAK_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
+
+
+def grad_accum_steps(total_batch_size, batch_size, block_size, world_size):
+    """Micro-steps per optimizer step so that one step sees exactly total_batch_size tokens.
+    Raises ConfigError, showing the numbers, when total_batch_size is not a multiple of the tokens
+    of one micro-step over all ranks."""
+    per_micro = batch_size * block_size * world_size
+    if total_batch_size < per_micro or total_batch_size % per_micro:
+        raise ConfigError(f"total_batch_size = {total_batch_size} tokens is not a multiple of batch_size * block_size"
+                          f" * world_size = {batch_size} * {block_size} * {world_size} = {per_micro}")
+    return total_batch_size // per_micro
+
+
+# -----------------------------------------------------------------------------
+# Device and precision
+
+def resolve_device(name, local_rank=None):
+    """'auto' -> the best available device; under DDP plain 'cuda' becomes this rank's GPU 'cuda:<local_rank>'."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if name == "cuda" and local_rank is not None:
+        name = f"cuda:{local_rank}"
+    return name
+
+
+def resolve_dtype(name, device_type):
+    """The autocast dtype: 'auto' = bf16 on CUDA when supported, else fp32 (CPU/MPS: fp32 is the safe default).
+    fp16 needs a GradScaler and is CUDA-only; asking for it elsewhere raises ConfigError."""
+    if name == "auto":
+        return torch.bfloat16 if device_type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    if name == "float16" and device_type != "cuda":
+        raise ConfigError(f"dtype 'float16' needs CUDA (it trains with a GradScaler); use bfloat16 or float32 on {device_type}")
+    return getattr(torch, name)
+
+
+def autocast_context(device_type, dtype):
+    """Mixed precision for the forward pass; a no-op in fp32. The model computes the loss in fp32."""
+    return nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
+
+
+# -----------------------------------------------------------------------------
+# Data: flat token files from prepare_data.py, read through np.memmap
+
+def prepare_command(data_dir):
+    """The prepare_data.py command that writes data_dir (= OUT_DIR/NAME)."""
+    parent, name = os.path.split(os.path.normpath(data_dir))
+    source = {"pydoc": "--source pydoc --tokenizer byte", "fineweb_edu": "--source fineweb-edu"}.get(
+        name, f"--input <your files> --name {name}")
+    return f"python prepare_data.py {source}" + (f" --out_dir {parent or '.'}" if parent != "data" else "")
+
+
+def load_meta(data_dir, block_size):
+    """Read data_dir/meta.json and check both splits against it.
+    Raises RunError when the folder or meta.json is missing (naming the prepare command), when a .bin
+    file's size disagrees with meta.json (incomplete data), or when a split is shorter than block_size + 1."""
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.isfile(path):
+        raise RunError(f"no {path}: prepare the data first with `{prepare_command(data_dir)}`")
+    with open(path) as f:
+        meta = json.load(f)
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for split in ("train", "val"):
+        bin_path, n = os.path.join(data_dir, f"{split}.bin"), meta[f"{split}_tokens"]
+        size = os.path.getsize(bin_path) if os.path.exists(bin_path) else 0
+        if size != n * itemsize:
+            raise RunError(f"{bin_path} has {size} bytes but meta.json says {n} tokens x {itemsize} bytes: the data "
+                           f"is incomplete, re-run `{prepare_command(data_dir)}`")
+        if n < block_size + 1:          # one window needs block_size inputs plus the next token as target
+            raise RunError(f"the {split} split has {n} tokens, fewer than block_size + 1 = {block_size + 1}")
+    return meta
+
+
+def random_starts(n_tokens, block_size, batch_size, generator):
+    """batch_size window starts drawn uniformly from [0, n_tokens - block_size - 1]: the targets of the
+    last window end at start + block_size = n_tokens - 1, the final token."""
+    return torch.randint(n_tokens - block_size, (batch_size,), generator=generator).tolist()
+
+
+def val_starts(n_tokens, block_size, n_windows):
+    """n_windows evenly strided window starts from 0 to n_tokens - block_size - 1, both included. They are
+    fixed, so every run and every variant is scored on the same tokens."""
+    last = n_tokens - block_size - 1
+    return [i * last // max(n_windows - 1, 1) for i in range(n_windows)]
+
+
+def get_batch(path, dtype, starts, block_size, device):
+    """Inputs x and targets y, both (len(starts), block_size) int64 on device; y is x shifted by one token."""
+    # Re-open the memmap for every batch to avoid a memory leak, as nanoGPT does:
+    # https://stackoverflow.com/questions/45132940/numpy-memmap-memory-usage-want-to-iterate-once/61472122#61472122
+    data = np.memmap(path, dtype=dtype, mode="r")
+    x = torch.stack([torch.from_numpy(data[s:s + block_size].astype(np.int64)) for s in starts])
+    y = torch.stack([torch.from_numpy(data[s + 1:s + 1 + block_size].astype(np.int64)) for s in starts])
+    if device.startswith("cuda"):       # pinned memory lets the copy overlap with compute
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+# -----------------------------------------------------------------------------
+# Schedule and evaluation
+
+def get_lr(step, cfg):
+    """Learning rate of optimizer step `step` (0-based): linear warmup from learning_rate/(warmup_iters+1)
+    (never 0), then cosine from learning_rate at step warmup_iters down to min_lr at the last step
+    max_iters - 1. Steps beyond stay at min_lr. No zero-length span divides: warmup_iters = 0 starts at
+    the peak, warmup_iters >= max_iters never decays."""
+    if step < cfg.warmup_iters:
+        return cfg.learning_rate * (step + 1) / (cfg.warmup_iters + 1)
+    progress = min(1.0, (step - cfg.warmup_iters) / max(1, cfg.max_iters - 1 - cfg.warmup_iters))
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+
+
+@torch.no_grad()
+def evaluate(model, path, dtype, starts, batch_size, block_size, device, autocast, mode=None):
+    """Mean loss per token over the windows `starts` (this rank's share), summed over all ranks when
+    distributed, so the value does not depend on the world size. mode is passed to T²MLR models."""
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(2, device=device)             # (sum of token losses, number of tokens)
+    for i in range(0, len(starts), batch_size):
+        x, y = get_batch(path, dtype, starts[i:i + batch_size], block_size, device)
+        with autocast:
+            _, loss = model(x, y, mode=mode)
+        totals[0] += loss.float() * y.numel()
+        totals[1] += y.numel()
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    model.train(was_training)
+    return (totals[0] / totals[1]).item()
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints: plain dicts of tensors and Python values, so torch.load(weights_only=True) reads them
+
+def rng_states(data_gen):
+    """This process's RNG states (torch, CUDA, numpy, Python, data) as tensors, lists and ints."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "numpy": [kind, keys.tolist(), pos, has_gauss, gauss], "python": random.getstate(),
+            "data": data_gen.get_state()}
+
+
+def set_rng_states(states, data_gen):
+    """Restore what rng_states() captured."""
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
+    kind, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    random.setstate(states["python"])
+    data_gen.set_state(states["data"])
+
+
+def save_checkpoint(path, ckpt):
+    """Write ckpt to a temporary file, then rename it over `path`: a crash mid-write never leaves a
+    truncated ckpt.pt (os.replace is atomic on one file system)."""
+    tmp = path + ".tmp"
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path):
+    """The checkpoint dict at `path`, on the CPU. Raises RunError naming the path if it is missing or unreadable."""
+    if not os.path.isfile(path):
+        raise RunError(f"no checkpoint at {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:                 # truncated or foreign files fail in many ways (EOFError, UnpicklingError, ...)
+        raise RunError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+def model_config_from_checkpoint(ckpt, given):
+    """GPTConfig stored in ckpt. Fields the user set (those that differ from GPTConfig's defaults) must
+    agree with it; otherwise RunError names every differing field."""
+    stored = ckpt["model_config"]
+    diff = [f"{k} (given {v!r}, checkpoint {stored.get(k)!r})" for k, v in changed_fields(given).items() if stored.get(k) != v]
+    if diff:
+        raise RunError("the model config differs from the checkpoint's in " + ", ".join(diff))
+    try:
+        return GPTConfig(**stored)
+    except (TypeError, ValueError) as e:
+        raise RunError(f"the checkpoint's model config does not fit this model.py: {e}")
+
+
+# -----------------------------------------------------------------------------
+# The run
+
+def main(argv):
+    """Train as configured by argv (config files and --key=value). Raises ConfigError or RunError."""
+    # ---- config and distributed setup ----------------------------------------------------------------
+    model_cfg, cfg = load_config(argv, GPTConfig, TrainConfig)
+    ddp = "RANK" in os.environ                        # set by torchrun
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else (0, 0, 1)
+    master = rank == 0                                # rank 0 prints, logs and writes checkpoints
+    device = resolve_device(cfg.device, local_rank if ddp else None)
+    device_type = device.split(":")[0]                # cuda, mps and cpu differ in autocast, pinning, fused AdamW
+    if ddp:
+        if device_type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")   # gloo makes DDP testable on CPU
+    ptdtype = resolve_dtype(cfg.dtype, device_type)
+    autocast = autocast_context(device_type, ptdtype)
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    ckpt_path, log_path = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "log.jsonl")
+    resumed = cfg.init_from == "resume"
+    ckpt = load_checkpoint(ckpt_path) if resumed else None
+    if resumed:                                       # the architecture comes from the checkpoint
+        model_cfg = model_config_from_checkpoint(ckpt, model_cfg)
+    T = model_cfg.block_size
+    grad_accum = grad_accum_steps(cfg.total_batch_size, cfg.batch_size, T, world_size)
+
+    # ---- data ----------------------------------------------------------------------------------------
+    data_dir = cfg.data_dir or os.path.join("data", cfg.dataset)
+    meta = load_meta(data_dir, T)
+    if meta["vocab_size"] > model_cfg.vocab_size:
+        raise RunError(f"the data's vocab_size {meta['vocab_size']} (meta.json) exceeds the model's vocab_size "
+                       f"{model_cfg.vocab_size}; set vocab_size >= {meta['vocab_size']}")
+    train_path, val_path = os.path.join(data_dir, "train.bin"), os.path.join(data_dir, "val.bin")
+    data_dtype = np.dtype(meta["dtype"])
+    # the fixed val windows, dealt out to the ranks; evaluate() sums over ranks
+    val_windows = val_starts(meta["val_tokens"], T, cfg.eval_iters * cfg.batch_size)[rank::world_size]
+    val_mode = cfg.val_mode if model_cfg.t2mlr else None
+    val_label = f"val loss ({cfg.val_mode})" if model_cfg.t2mlr else "val loss"
+
+    # ---- model and optimizer ---------------------------------------------------------------------------
+    torch.manual_seed(cfg.seed)       # the same init, and the same global RNG stream, on every rank
+    np.random.seed(cfg.seed)
+    random.seed(cfg.seed)
+    data_gen = torch.Generator().manual_seed(cfg.seed + rank)   # each rank draws its own windows
+    raw_model = GPT(model_cfg).to(device)             # never compiled or wrapped: saved, evaluated exactly
+    optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
+    scaler = torch.amp.GradScaler("cuda", enabled=ptdtype == torch.float16)   # a no-op unless fp16
+    start_step, best_val = 0, math.inf
+    if resumed:                                       # everything, so the run continues as if never stopped
+        raw_model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scaler.load_state_dict(ckpt["scaler"])
+        start_step, best_val = ckpt["step"], ckpt["best_val_loss"]
+        if len(ckpt["rng"]) != world_size:           # another world size cannot replay the same batches
+            raise RunError(f"{ckpt_path} was written by {len(ckpt['rng'])} ranks, this run has {world_size}")
+        set_rng_states(ckpt["rng"][rank], data_gen)
+        del ckpt                                      # free the host copy of the weights
+    use_compile = device_type == "cuda" if cfg.compile is None else cfg.compile
+    compiled = torch.compile(raw_model) if use_compile else raw_model
+    # Every parameter gets a gradient on every step (MeSH routers and T²MLR gates always run), so DDP
+    # needs no find_unused_parameters.
+    model = DDP(compiled, device_ids=[local_rank] if device_type == "cuda" else None) if ddp else compiled
+    # The exact T²MLR forward loops over tokens in Python; compiling it would unroll T steps.
+    eval_model = raw_model if val_mode == "exact" else compiled
+    flops_per_token = raw_model.train_flops_per_token()
+    peak = cfg.peak_flops or (next((v for k, v in PEAK_FLOPS.items() if k in torch.cuda.get_device_name(device)), None)
+                              if device_type == "cuda" else None)
+    if master:
+        counts = raw_model.param_counts()
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        print(f"config (non-default): {changed_fields(model_cfg) | changed_fields(cfg)}")
+        print(f"device {device}, dtype {str(ptdtype).removeprefix('torch.')}, compile {use_compile}, world size {world_size}")
+        print(f"params: total {counts['total']:,}, non-embedding {counts['non_embedding']:,}, unrolled depth "
+              f"{model_cfg.n_unrolled} layers, {flops_per_token:.3g} train FLOPs/token")
+        print(f"batch: {cfg.total_batch_size:,} tokens/step = {cfg.batch_size} seqs x {T} tokens x {world_size} ranks"
+              f" x {grad_accum} accumulation steps; data {data_dir} ({meta['train_tokens']:,} train tokens)")
+        print(f"MFU against {peak:.3g} FLOP/s per device" if peak else "MFU n/a: pass --peak_flops=<FLOP/s of one device>")
+        with open(log_path, "a" if resumed else "w") as f:  # a resumed run appends, never truncates
+            f.write(json.dumps({"step": start_step, "init_from": cfg.init_from, "world_size": world_size,
+                                "model_config": asdict(model_cfg), "train_config": asdict(cfg)}) + "\n")
+
+    def log(row, text):
+        if master:
+            tqdm.write(text)
+            with open(log_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    # ---- training loop: exactly max_iters optimizer steps, then a final evaluation and save ------------
+    bar = tqdm(total=cfg.max_iters, initial=start_step, disable=not (master and cfg.progress), unit="step")
+    t_start = time.time()
+    for step in range(start_step, cfg.max_iters + 1):
+        last = step == cfg.max_iters
+        # Evaluate and save after `step` updates; the step a run resumed from was evaluated already.
+        if last or (step % cfg.eval_interval == 0 and (step > start_step or not resumed)):
+            val_loss = evaluate(eval_model, val_path, data_dtype, val_windows, cfg.batch_size, T, device, autocast, val_mode)
+            best_val = min(best_val, val_loss)
+            states = [rng_states(data_gen)] * world_size
+            if ddp:                                   # rank 0 writes every rank's RNG and data position
+                dist.all_gather_object(states, states[rank])
+            log({"step": step, "val_loss": val_loss, "val_mode": val_mode, "best_val_loss": best_val},
+                f"step {step}: {val_label} {val_loss:.4f} (best {best_val:.4f})")
+            if master:
+                save_checkpoint(ckpt_path, {
+                    "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                    "step": step, "best_val_loss": best_val, "val_loss": val_loss, "rng": states,
+                    "model_config": asdict(model_cfg), "train_config": asdict(cfg), "tokenizer": meta["tokenizer"]})
+        if last:
+            break
+
+        t0 = time.time()
+        lr = get_lr(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=device)     # summed on the device: no host sync per micro-step
+        for micro in range(grad_accum):
+            x, y = get_batch(train_path, data_dtype, random_starts(meta["train_tokens"], T, cfg.batch_size, data_gen), T, device)
+            # DDP arms its gradient all-reduce during the forward pass, so whether this micro-step syncs
+            # is decided before it: only the last one does, and no_sync wraps forward AND backward.
+            with model.no_sync() if ddp and micro < grad_accum - 1 else nullcontext():
+                with autocast:
+                    _, loss = model(x, y)
+                loss_sum += loss.detach()
+                scaler.scale(loss / grad_accum).backward()
+        if ddp:
+            dist.all_reduce(loss_sum)
+            loss_sum /= world_size
+        train_loss = loss_sum / grad_accum            # the exact mean over all micro-steps and ranks
+        # One host sync per step: a NaN/inf loss (the same on every rank after the all-reduce) stops the
+        # run before the update, leaving ckpt.pt at the last good evaluation.
+        if not torch.isfinite(train_loss):
+            raise RunError(f"non-finite train loss {train_loss.item()} at step {step}; stopped before the update, "
+                           f"{ckpt_path} holds the last good state")
+        scaler.unscale_(optimizer)                    # clip the true gradients, not fp16-scaled ones
+        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        bar.update()
+
+        if step % cfg.log_interval == 0 or step == cfg.max_iters - 1:
+            if device_type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.time() - t0
+            tok_s = cfg.total_batch_size / dt
+            flops = flops_per_token * tok_s / world_size  # achieved FLOP/s per device
+            eta = (time.time() - t_start) / (step + 1 - start_step) * (cfg.max_iters - step - 1)
+            row = {"step": step, "loss": train_loss.item(), "lr": lr, "grad_norm": grad_norm.item(), "ms": 1000 * dt,
+                   "tok_s": tok_s, "flops": flops, "mfu": flops / peak if peak else None}
+            log(row, f"step {step}: loss {row['loss']:.4f}, lr {lr:.3g}, grad norm {row['grad_norm']:.3f}, "
+                     f"{row['ms']:.0f} ms, {tok_s:,.0f} tok/s, " +
+                     (f"MFU {100 * row['mfu']:.1f}%" if peak else f"{flops / 1e12:.3g} TFLOP/s") + f", ETA {eta / 60:.1f} min")
+    bar.close()
+    if master:
+        print(f"done: {cfg.max_iters} steps, best {val_label} {best_val:.4f}, checkpoint {ckpt_path}")
+    if ddp:
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)       # gloo can abort at interpreter teardown after a clean run (style.md D.5)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (ConfigError, RunError) as e:
+        sys.exit(f"error: {e}")
