@@ -37,24 +37,25 @@ import torch.nn.functional as F
 def rotary_tables(head_dim: int, rope_pct: float, theta: float, length: int):
     """cos/sin tables for rotary embedding on the first `rope_pct` of each head's dims.
 
-    Returns two tensors of shape (length, rot_dim), rot_dim = int(head_dim * rope_pct) rounded down to
-    an even number. GPT-NeoX/Pythia rotates 25% of the dims (base 10000), LLaMA all of them.
+    Returns two tensors of shape (length, 1, rot_dim), rot_dim = int(head_dim * rope_pct) rounded down
+    to an even number, to broadcast over (B, T, heads, hs). GPT-NeoX/Pythia rotates 25% of the dims
+    (base 10000), LLaMA all of them.
     """
     rot_dim = int(head_dim * rope_pct) // 2 * 2
     inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
     angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)   # (length, rot_dim/2)
-    angles = torch.cat([angles, angles], dim=-1)                                 # (length, rot_dim)
+    angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)                    # (length, 1, rot_dim)
     return angles.cos(), angles.sin()
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate the first cos.shape[-1] dims of x (B, nh, T, hs) by position ("rotate half" form, as NeoX and LLaMA)."""
+    """Rotate the first rot_dim = cos.shape[-1] dims of x (B, T, heads, hs) by position, "rotate half"
+    form as NeoX and LLaMA; the other dims pass through. cos, sin: (T, 1, rot_dim)."""
     rot_dim = cos.shape[-1]
-    x_rot, x_pass = x[..., :rot_dim], x[..., rot_dim:]
-    x1, x2 = x_rot.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    x_rot = (x_rot * cos + rotated * sin).to(x.dtype)
-    return torch.cat([x_rot, x_pass], dim=-1)
+    if rot_dim < x.shape[-1]:
+        return torch.cat([apply_rotary(x[..., :rot_dim], cos, sin), x[..., rot_dim:]], dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
 
 
 # -----------------------------------------------------------------------------
@@ -110,11 +111,11 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache: Optional[LayerCache] = None):
         """x (B, T, C) at positions pos..pos+T-1 (cos/sin already sliced to them) -> (B, T, C)."""
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split([C, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=2)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)        # (B, nh, T, hs)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)     # (B, nkv, T, hs)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        nh, nkv = self.n_head, self.n_kv_head
+        qkv = self.qkv(x).view(B, T, nh + 2 * nkv, self.head_dim)           # heads: nh queries, nkv keys, nkv values
+        qk = apply_rotary(qkv[:, :, :nh + nkv], cos, sin)                   # queries and keys rotated in one go
+        q, k = qk.transpose(1, 2).split([nh, nkv], dim=1)                   # (B, nh, T, hs), (B, nkv, T, hs)
+        v = qkv[:, :, nh + nkv:].transpose(1, 2)                            # (B, nkv, T, hs)
         past = 0
         if cache is not None:
             past = cache.length
@@ -130,18 +131,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GELU MLP (neox: up, GELU, down) or SwiGLU (llama: down(silu(gate(x)) * up(x)))."""
+    """GELU MLP (neox: down(gelu(up(x)))) or SwiGLU (llama: down(silu(gate(x)) * up(x)), with the gate and
+    up projections stored as one Linear(C -> 2·hidden), one matmul instead of two)."""
 
     def __init__(self, cfg):
         super().__init__()
         self.swiglu = cfg.flavour == "llama"
-        self.up = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=cfg.bias)
-        self.gate = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=cfg.bias) if self.swiglu else None
+        self.up = nn.Linear(cfg.n_embd, (2 if self.swiglu else 1) * cfg.mlp_hidden, bias=cfg.bias)
         self.down = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)    # "MLP down"; scaled init
 
     def forward(self, x):
-        h = F.silu(self.gate(x)) * self.up(x) if self.swiglu else F.gelu(self.up(x))
-        return self.down(h)
+        if self.swiglu:
+            gate, up = self.up(x).chunk(2, dim=-1)
+            return self.down(F.silu(gate) * up)
+        return self.down(F.gelu(self.up(x)))
 
 
 def make_norm(cfg):
@@ -224,23 +227,31 @@ class TemporalGate(nn.Module):
         a_r = σ(A_r g + b_r),  a_x = σ(A_x g + b_x)               per-dimension local gates
         x'  = x + tanh(θ_r) · a_r ⊙ r~ + tanh(θ_x) · a_x ⊙ x       θ_r = θ_x = 0 at init: an exact identity
 
-    x, r: (B, T, C) -> x' (B, T, C). θ are scalars kept with the fp32 master weights; tanh runs in fp32 (§8.11).
+    The gates' linear map splits into an x half and an r half, A g + b = A^x x + A^r r~ + b, stored as
+    `gates_x` (the x columns of [A_r; A_x] and the biases) and `gates_r` (the r~ columns): the same
+    5C² + 2C + 2 parameters. x is fixed across Jacobi sweeps and known for all positions before the
+    token-by-token loop, so `precompute(x)` evaluates the x half once and each sweep or token adds
+    only the r half.
     """
 
     def __init__(self, n_embd: int):
         super().__init__()
         self.proj = nn.Linear(n_embd, n_embd, bias=False)             # W_p
-        self.gate_r = nn.Linear(2 * n_embd, n_embd)                   # A_r, b_r
-        self.gate_x = nn.Linear(2 * n_embd, n_embd)                   # A_x, b_x
+        self.gates_x = nn.Linear(n_embd, 2 * n_embd)                  # [A_r^x; A_x^x] x + [b_r; b_x]
+        self.gates_r = nn.Linear(n_embd, 2 * n_embd, bias=False)      # [A_r^r; A_x^r] r~
         self.theta_r = nn.Parameter(torch.zeros(1))                   # θ_r, global gate of the state
         self.theta_x = nn.Parameter(torch.zeros(1))                   # θ_x, global gate of the input
 
-    def forward(self, x, r):
+    def precompute(self, x):
+        """x (B, T, C) -> (x half of the gate logits (B, T, 2C), γ_r, γ_x), reused by every sweep or token.
+        θ are fp32 master weights and autocast leaves tanh in fp32 (§8.11)."""
+        return self.gates_x(x), torch.tanh(self.theta_r).to(x.dtype), torch.tanh(self.theta_x).to(x.dtype)
+
+    def forward(self, x, r, pre=None):
+        """x, r: (B, T, C) -> x' (B, T, C); pre = precompute(x), or None to compute it here."""
+        gates_x, gamma_r, gamma_x = self.precompute(x) if pre is None else pre
         r = self.proj(r)
-        g = torch.cat([x, r], dim=-1)
-        a_r, a_x = torch.sigmoid(self.gate_r(g)), torch.sigmoid(self.gate_x(g))
-        gamma_r = torch.tanh(self.theta_r).to(x.dtype)    # θ are fp32 master weights; autocast leaves tanh in fp32
-        gamma_x = torch.tanh(self.theta_x).to(x.dtype)
+        a_r, a_x = torch.sigmoid(gates_x + self.gates_r(r)).chunk(2, dim=-1)
         return x + gamma_r * a_r * r + gamma_x * a_x * x
 
 
@@ -250,16 +261,15 @@ def update_state(h, r_prev, residual: bool, detach: bool):
         residual off:  R_t = h_t
         residual on:   u_t = h_t + R_{t-1};  s_t = clamp(1 / sqrt(mean(u_t²) + 1e-6), 1/5, 5);  R_t = s_t · u_t
 
-    s_t is computed in fp32 on detach(u_t), a stop-gradient constant (NOT an nn.RMSNorm: no weight, and
-    the clamp changes values when RMS(u) > 5). `detach` stops the gradient along the R chain.
-    h, r_prev: (B, T, C) -> (B, T, C).
+    s_t is computed on detach(u_t), a stop-gradient constant (NOT an nn.RMSNorm: no weight, and the
+    clamp changes values when RMS(u) > 5); it is fp32 because the residual stream stays fp32 under
+    autocast. `detach` stops the gradient along the R chain. h, r_prev: (B, T, C) -> (B, T, C).
     """
     if not residual:
         return h
     u = h + (r_prev.detach() if detach else r_prev)
-    u32 = u.detach().to(torch.promote_types(u.dtype, torch.float32))
-    scale = torch.rsqrt(u32.pow(2).mean(-1, keepdim=True) + 1e-6).clamp(0.2, 5.0)
-    return u * scale.to(u.dtype)
+    scale = u.detach().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
+    return u * scale
 
 
 def shift_right(x):
@@ -426,8 +436,9 @@ class GPT(nn.Module):
         * the embeddings are multiplied by sqrt(C) in the forward pass, not here;
         * MeSH routers: the same small normal and zero bias, NEVER zero weights (zero weights would keep
           the empty slots 1..B-1 identical forever, mesh.md §2.2);
-        * the T²MLR gate keeps its reference initialisation (t2mlr.md §1): W_p the PyTorch Linear default,
-          A_r/A_x xavier-normal gain 1, biases the Linear default, θ_r = θ_x = 0 (identity at init).
+        * the T²MLR gate keeps its reference initialisation (t2mlr.md §1): W_p the PyTorch Linear default;
+          A_r, A_x (C x 2C each) xavier-normal with gain 1, i.e. std sqrt(2/(3C)); biases b_r, b_x the
+          default of a Linear(2C -> C), U(-1/sqrt(2C), 1/sqrt(2C)); θ_r = θ_x = 0 (identity at init).
         """
         std = math.sqrt(2 / (5 * self.cfg.n_embd))
         for module in self.modules():
@@ -443,10 +454,11 @@ class GPT(nn.Module):
             for proj in (layer.attn.proj, layer.mlp.down):
                 nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.cfg.n_unrolled))
         if self.gate is not None:
+            C = self.cfg.n_embd
             self.gate.proj.reset_parameters()
-            for lin in (self.gate.gate_r, self.gate.gate_x):
-                lin.reset_parameters()                       # default bias U(-1/sqrt(2C), 1/sqrt(2C))
-                nn.init.xavier_normal_(lin.weight, gain=1.0)
+            nn.init.normal_(self.gate.gates_x.weight, std=math.sqrt(2 / (3 * C)))
+            nn.init.normal_(self.gate.gates_r.weight, std=math.sqrt(2 / (3 * C)))
+            nn.init.uniform_(self.gate.gates_x.bias, -1 / math.sqrt(2 * C), 1 / math.sqrt(2 * C))
             self.gate.theta_r.zero_()
             self.gate.theta_x.zero_()
 
@@ -510,7 +522,8 @@ class GPT(nn.Module):
         """
         p, c, k, q = self.cfg.depth
         caches = cache.layers if cache is not None else [None] * self.cfg.n_unrolled   # one per application
-        prelude, core, coda = self.layers[:p], self.layers[p:p + c], self.layers[p + c:]
+        layers = list(self.layers)
+        prelude, core, coda = layers[:p], layers[p:p + c], layers[p + c:]
         h = self.run_layers(h_emb, prelude, pos, caches[:p], probes, "prelude" if k else "layer")
         if k == 0:
             return h
@@ -551,7 +564,8 @@ class GPT(nn.Module):
     def split_stack(self):
         """(lower, middle, upper) layer lists: layers below l_start, l_start..l_end, above l_end."""
         start, end = self.cfg.recurrent_layers
-        return self.layers[:start], self.layers[start:end + 1], self.layers[end + 1:]
+        layers = list(self.layers)
+        return layers[:start], layers[start:end + 1], layers[end + 1:]
 
     def jacobi_forward(self, h_emb, probes=None):
         """Parallel T²MLR training pass (t2mlr.md §3, lean form). h_emb (B, T, C) -> top output (B, T, C).
@@ -572,16 +586,13 @@ class GPT(nn.Module):
         lower, middle, upper = self.split_stack()
         grad = torch.is_grad_enabled()
         x = self.run_layers(h_emb, lower, 0, probes=probes, name="lower")
-        state = torch.zeros_like(x)                                            # C^(0): R_{-1} = 0 everywhere
+        pre = self.gate.precompute(x)                                         # the gate's x half, once
+        state = torch.zeros_like(x)                                           # C^(0): R_{-1} = 0 everywhere
         for d in range(D - 1):
             with torch.set_grad_enabled(grad and D - 1 - d <= b):
-                h = self.run_layers(self.gate(x, state), middle, 0)           # h^(d+1)
+                h = self.run_layers(self.gate(x, state, pre), middle, 0)      # h^(d+1)
                 state = shift_right(update_state(h, state, cfg.state_residual, cfg.state_detach))
-        return self.upper_pass(x, state, middle, upper, probes)
-
-    def upper_pass(self, x, state, middle, upper, probes=None):
-        """Final pass: gate the injected state into x, then middle and upper layers. (B, T, C) -> (B, T, C)."""
-        x_mixed = self.gate(x, state)
+        x_mixed = self.gate(x, state, pre)                                    # final pass
         if probes is not None:
             probes["blocks"].append(("gate", x, x_mixed))
         h = self.run_layers(x_mixed, middle, 0, probes=probes, name="middle")
@@ -603,10 +614,12 @@ class GPT(nn.Module):
         pos = cache.length
         a, k = len(lower), len(middle)
         x = self.run_layers(h_emb, lower, pos, cache.layers[:a], probes, "lower")
+        gates_x, gamma_r, gamma_x = self.gate.precompute(x)  # the gate's x half for all positions at once
         state = cache.state if cache.state is not None else x.new_zeros(B, 1, C)
         outputs = []
         for t in range(T):                                   # the recurrence: one token at a time
-            h_t = self.run_layers(self.gate(x[:, t:t + 1], state), middle, pos + t, cache.layers[a:a + k])
+            x_t = self.gate(x[:, t:t + 1], state, (gates_x[:, t:t + 1], gamma_r, gamma_x))
+            h_t = self.run_layers(x_t, middle, pos + t, cache.layers[a:a + k])
             state = update_state(h_t, state, cfg.state_residual, cfg.state_detach)
             outputs.append(h_t)
         cache.state = state

@@ -7,6 +7,8 @@ One node, 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/mesh
 Two nodes:         torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \
                        train.py config/mesh_160m.py        (and --node_rank=1 on the second node)
 Resume:            python train.py config/mesh_160m.py --init_from=resume
+Retrofit T²MLR:    python train.py config/tiny_t2mlr.py --init_from=out/tiny_llama/ckpt.pt
+                   (the weights of a trained vanilla model; the new gate starts as an exact identity)
 Every key:         python train.py --help
 
 Writes out_dir/ckpt.pt (the latest state, written atomically at every evaluation) and appends one JSON
@@ -41,7 +43,7 @@ from model import GPT, GPTConfig
 class TrainConfig:
     # I/O
     out_dir: str = "out"                  # ckpt.pt and log.jsonl go here
-    init_from: str = "scratch"            # 'scratch' or 'resume' (everything from out_dir/ckpt.pt)
+    init_from: str = "scratch"            # 'scratch', 'resume' (everything from out_dir/ckpt.pt), or a path/to/ckpt.pt to start from its weights
     dataset: str = "pydoc"                # reads data/<dataset>/{train,val}.bin + meta.json (prepare_data.py)
     data_dir: Optional[str] = None        # read this folder instead of data/<dataset>
     # evaluation and logging
@@ -70,7 +72,9 @@ class TrainConfig:
     peak_flops: Optional[float] = None    # peak FLOP/s of one device, for MFU; None = table for known GPUs
 
     def __post_init__(self):
-        choices = {"init_from": ("scratch", "resume"), "val_mode": ("exact", "jacobi"),
+        if not (self.init_from in ("scratch", "resume") or self.init_from.endswith(".pt")):
+            raise ValueError(f"init_from {self.init_from!r} is not 'scratch', 'resume' or a checkpoint path ending in .pt")
+        choices = {"val_mode": ("exact", "jacobi"),
                    "dtype": ("auto", "float32", "bfloat16", "float16")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -260,6 +264,22 @@ def load_checkpoint(path):
         raise RunError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
+def init_weights_from(model, path):
+    """Load the weights of the checkpoint at `path` into `model`, e.g. a trained vanilla model into a T²MLR
+    model of the same shape (a retrofit). Parameters the checkpoint lacks keep their initialisation only if
+    they belong to the T²MLR gate, which starts as an exact identity (θ = 0), so the first forward equals
+    the source model's. Raises RunError naming missing, unexpected or differently shaped tensors."""
+    source = load_checkpoint(path)["model"]
+    own = model.state_dict()
+    problems = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in source.items()
+                if k in own and v.shape != own[k].shape]
+    problems += [f"{k} is not in this model" for k in source if k not in own]
+    problems += [f"{k} is missing from {path}" for k in own if k not in source and not k.startswith("gate.")]
+    if problems:
+        raise RunError(f"cannot initialise from {path}, the architectures differ: " + "; ".join(problems[:5]))
+    model.load_state_dict(source, strict=False)
+
+
 def model_config_from_checkpoint(ckpt, given):
     """GPTConfig stored in ckpt. Fields the user set (those that differ from GPTConfig's defaults) must
     agree with it; otherwise RunError names every differing field."""
@@ -332,6 +352,8 @@ def main(argv):
             raise RunError(f"{ckpt_path} was written by {len(ckpt['rng'])} ranks, this run has {world_size}")
         set_rng_states(ckpt["rng"][rank], data_gen)
         del ckpt                                      # free the host copy of the weights
+    elif cfg.init_from.endswith(".pt"):               # new run, weights from another (e.g. a T²MLR retrofit)
+        init_weights_from(raw_model, cfg.init_from)
     use_compile = device_type == "cuda" if cfg.compile is None else cfg.compile
     compiled = torch.compile(raw_model) if use_compile else raw_model
     # Every parameter gets a gradient on every step (MeSH routers and T²MLR gates always run), so DDP
