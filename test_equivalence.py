@@ -283,3 +283,20 @@ def test_state_update_clamps_its_stop_gradient_scale():
     assert torch.allclose(h.grad, torch.full((1, 1, 4), 0.2))     # the scale is a constant for autograd
     small = update_state(torch.full((1, 1, 4), 0.5), torch.zeros(1, 1, 4), residual=True, detach=False)
     assert torch.allclose(small, torch.full((1, 1, 4), 1.0), atol=1e-5)    # rms 0.5 -> s = 2 -> unit rms
+
+
+def test_retrofit_from_a_vanilla_checkpoint(tmp_path):
+    """train.py --init_from=vanilla/ckpt.pt: the T²MLR gate starts as an identity, so the first forward of the
+    retrofitted model equals the vanilla model's exactly, in both modes; another architecture is refused."""
+    from train import RunError, init_weights_from
+    fields = dict(TINY_LLAMA, n_layer=5)
+    vanilla = build(**fields)
+    torch.save({"model": vanilla.state_dict()}, tmp_path / "ckpt.pt")
+    t2mlr = GPT(GPTConfig(**fields, t2mlr=True, l_start=1, l_end=3)).eval()
+    init_weights_from(t2mlr, str(tmp_path / "ckpt.pt"))
+    idx = tokens()
+    assert torch.equal(t2mlr(idx, mode="jacobi")[0], vanilla(idx)[0])       # the same operations: bit-identical
+    assert torch.allclose(t2mlr(idx, mode="exact")[0], vanilla(idx)[0], atol=1e-12, rtol=0)   # token by token
+    wider = GPT(GPTConfig(**dict(fields, n_embd=48), t2mlr=True, l_start=1, l_end=3))
+    with pytest.raises(RunError, match=r"wte.weight \(64, 32\) vs \(64, 48\)"):
+        init_weights_from(wider, str(tmp_path / "ckpt.pt"))

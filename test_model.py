@@ -167,3 +167,20 @@ def test_summary_cli_prints_paper_counts():
     bad = subprocess.run([sys.executable, "model.py", "config/mesh_160m.py", "--layout=2+4R0+2"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "'2+4R0+2'" in bad.stderr
+
+
+def test_t2mlr_gate_initialisation():
+    """Reference init (t2mlr.md §1): θ = 0 (identity), A_r/A_x xavier-normal gain 1 = std sqrt(2/(3C)),
+    biases U(±1/sqrt(2C)), W_p the Linear default U(±1/sqrt(C)); 5C² + 2C + 2 parameters."""
+    torch.manual_seed(0)
+    C = 256
+    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_embd=C, n_head=4, n_layer=3, t2mlr=True, l_start=1, l_end=1))
+    gate = model.gate
+    assert gate.theta_r.item() == 0 and gate.theta_x.item() == 0
+    for weight in (gate.gates_x.weight, gate.gates_r.weight):
+        assert abs(weight.std().item() / math.sqrt(2 / (3 * C)) - 1) < 0.02
+    assert gate.gates_x.bias.abs().max() <= 1 / math.sqrt(2 * C) and gate.gates_x.bias.std() > 0.5 / math.sqrt(6 * C)
+    assert gate.proj.weight.abs().max() <= 1 / math.sqrt(C) and gate.proj.weight.std() > 0.9 / math.sqrt(3 * C)
+    assert model.param_counts()["gate"] == 5 * C * C + 2 * C + 2
+    x = torch.randn(2, 5, C)
+    assert torch.equal(gate(x, torch.randn(2, 5, C)), x)
