@@ -38,24 +38,26 @@ def rotary_tables(head_dim: int, rope_pct: float, theta: float, length: int):
     """cos/sin tables for rotary embedding on the first `rope_pct` of each head's dims.
 
     Returns two tensors of shape (length, 1, rot_dim), rot_dim = int(head_dim * rope_pct) rounded down
-    to an even number, to broadcast over (B, T, heads, hs). GPT-NeoX/Pythia rotates 25% of the dims
+    to an even number, to broadcast over (B, T, heads, hs); sin carries the sign of the rotation. GPT-NeoX/Pythia rotates 25% of the dims
     (base 10000), LLaMA all of them.
     """
     rot_dim = int(head_dim * rope_pct) // 2 * 2
     inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
     angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)   # (length, rot_dim/2)
-    angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)                    # (length, 1, rot_dim)
-    return angles.cos(), angles.sin()
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).unsqueeze(1)          # (length, 1, rot_dim)
+    sin = torch.cat([-angles.sin(), angles.sin()], dim=-1).unsqueeze(1)         # signed: see apply_rotary
+    return cos, sin
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate the first rot_dim = cos.shape[-1] dims of x (B, T, heads, hs) by position, "rotate half"
-    form as NeoX and LLaMA; the other dims pass through. cos, sin: (T, 1, rot_dim)."""
+    """Rotate the first rot_dim = cos.shape[-1] dims of x (B, T, heads, hs) by position, in NeoX and
+    LLaMA's "rotate half" form: pair dim i with i + rot_dim/2, [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin].
+    roll() swaps the halves and the signed sin table supplies the minus; other dims pass through.
+    cos, sin: (T, 1, rot_dim) from rotary_tables."""
     rot_dim = cos.shape[-1]
     if rot_dim < x.shape[-1]:
         return torch.cat([apply_rotary(x[..., :rot_dim], cos, sin), x[..., rot_dim:]], dim=-1)
-    x1, x2 = x.chunk(2, dim=-1)
-    return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+    return (x * cos + x.roll(rot_dim // 2, dims=-1) * sin).to(x.dtype)
 
 
 # -----------------------------------------------------------------------------
@@ -64,24 +66,38 @@ def apply_rotary(x, cos, sin):
 class LayerCache:
     """Keys and values of one block application, holding at most `max_len` positions.
 
-    `update(k, v)` appends (B, n_kv_head, T, hs) keys/values and returns all cached ones so far.
-    Concatenation (not a preallocated buffer written in place) keeps the exact T²MLR recurrence
-    differentiable. Raises RuntimeError when more than `max_len` positions would be stored.
+    `update(k, v)` appends (B, n_kv_head, T, hs) keys/values and returns all cached ones so far, (B,
+    n_kv_head, length, hs). Without autograd (generation, evaluation) they are written in place into a
+    buffer preallocated to max_len; with autograd (training through the exact T²MLR recurrence) they
+    are concatenated, since in-place writes would overwrite tensors saved for the backward pass.
+    Raises RuntimeError when more than `max_len` positions would be stored.
     """
 
     def __init__(self, max_len: int):
-        self.max_len, self.k, self.v = max_len, None, None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+        self.max_len, self.k, self.v, self.length = max_len, None, None, 0
 
     def update(self, k, v):
-        if self.length + k.shape[2] > self.max_len:
-            raise RuntimeError(f"KV cache full: {self.length} + {k.shape[2]} > {self.max_len} positions")
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v
+        T = k.shape[2]
+        if self.length + T > self.max_len:
+            raise RuntimeError(f"KV cache full: {self.length} + {T} > {self.max_len} positions")
+        if torch.is_grad_enabled():
+            self.k = k if self.k is None else torch.cat([self.k[:, :, :self.length], k], dim=2)
+            self.v = v if self.v is None else torch.cat([self.v[:, :, :self.length], v], dim=2)
+        else:
+            if self.k is None or self.k.shape[2] < self.max_len:      # first write, or after a cat
+                self.k = self._preallocate(k, self.k)
+                self.v = self._preallocate(v, self.v)
+            self.k[:, :, self.length:self.length + T] = k
+            self.v[:, :, self.length:self.length + T] = v
+        self.length += T
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+    def _preallocate(self, new, old):
+        """A (B, n_kv_head, max_len, hs) buffer holding the `length` positions of `old` (if any)."""
+        buffer = new.new_empty(*new.shape[:2], self.max_len, new.shape[3])
+        if old is not None:
+            buffer[:, :, :self.length] = old[:, :, :self.length]
+        return buffer
 
 
 class InferenceCache:
@@ -710,9 +726,10 @@ class GPT(nn.Module):
         flops = sum((f + 2 * b) * layer_fwd for f, b in self.layer_passes())
         if self.gate is not None:
             start, end = self.cfg.recurrent_layers
-            n_gate = sum(p.numel() for p in self.gate.parameters())
             f, b = self.layer_passes()[start]
-            flops += (f + 2 * b) * 2 * n_gate            # the gate runs with every pass of the middle block
+            per_pass = sum(p.numel() for p in (*self.gate.proj.parameters(), *self.gate.gates_r.parameters()))
+            flops += (f + 2 * b) * 2 * per_pass          # W_p and the r half with every pass of the middle block
+            flops += 6 * sum(p.numel() for p in self.gate.gates_x.parameters())   # the x half once
         if self.mesh is not None:
             flops += 6 * sum(p.numel() for p in self.mesh.parameters())
         return flops + 6 * cfg.n_embd * cfg.vocab_size

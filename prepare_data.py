@@ -534,6 +534,10 @@ def main(argv=None):
             input_kind(path)
             if not Path(path).is_file():
                 raise DataError(f"input file not found: {path}")
+        for path in args.input:  # before the old meta.json is deleted: a bad input must leave the old dataset usable.
+            # any() stops at the first non-empty document, so only an empty file is read to its end here.
+            if not any(isinstance(text, str) and text.strip() for text in read_input_file(path)):
+                raise DataError(f"no non-empty documents in: {path}")
     tokenizer = get_tokenizer(args.tokenizer)  # fails early (e.g. no vocabulary files) before touching outputs
     if args.input:
         first = Path(args.input[0]).name

@@ -10,8 +10,10 @@ import hashlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -308,6 +310,41 @@ def test_interrupted_run_leaves_nothing_train_py_accepts(tmp_path, monkeypatch):
         main(["--input", str(src), "--tokenizer", "byte", "--out_dir", str(fresh)])
     assert seen["at_meta"] == {"train.bin": 2 * seen["meta"]["train_tokens"], "val.bin": 2 * seen["meta"]["val_tokens"]}
     assert sorted(p.name for p in (fresh / "in").iterdir()) == ["train.bin", "val.bin"]  # no meta.json
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes (POSIX)")
+def test_sigkill_mid_write_leaves_data_train_py_refuses(tmp_path):
+    """A real SIGKILL while the token file is being written. A named pipe at train.bin.tmp makes the write
+    observable: prepare_data.py blocks in it once the pipe is full (64 KiB) and is killed there."""
+    src = write_jsonl(tmp_path / "in.jsonl", synthetic_texts(2000))   # ~200K tokens, 400 KB of uint16
+    out = tmp_path / "out"
+    assert cli("--input", src, "--tokenizer", "byte", "--out_dir", out, "--num_proc", "1").returncode == 0
+    folder = out / "in"
+    os.mkfifo(folder / "train.bin.tmp")
+    victim = subprocess.Popen([sys.executable, str(REPO / "prepare_data.py"), "--input", str(src), "--tokenizer",
+                               "byte", "--out_dir", str(out), "--num_proc", "1"], stderr=subprocess.PIPE)
+    reader = {}
+    opener = threading.Thread(target=lambda: reader.setdefault("f", open(folder / "train.bin.tmp", "rb")), daemon=True)
+    opener.start()
+    while opener.is_alive():                          # until prepare_data.py opens train.bin.tmp to write it
+        opener.join(0.5)
+        if victim.poll() is not None:
+            open(folder / "train.bin.tmp", "wb").close()
+            pytest.fail(f"prepare_data.py exited first: {victim.communicate()[1]}")
+    assert len(reader["f"].read(4096)) == 4096        # it is writing tokens
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=60)
+    reader["f"].close()
+    assert victim.returncode == -signal.SIGKILL       # killed mid-write, not finished
+    assert not (folder / "meta.json").exists()        # deleted before the first token was written
+    r = subprocess.run([sys.executable, str(REPO / "train.py"), f"--data_dir={folder}", "--block_size=32",
+                        "--vocab_size=320", "--device=cpu"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: no {folder}/meta.json (an interrupted prepare_data.py run left *.tmp files): "
+                               f"prepare the data first with `python prepare_data.py --input <your files> --name in")
+    (folder / "train.bin.tmp").unlink()               # a re-run recovers
+    assert cli("--input", src, "--tokenizer", "byte", "--out_dir", out, "--num_proc", "1").returncode == 0
+    assert (folder / "meta.json").exists() and not list(folder.glob("*.tmp"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -114,16 +114,20 @@ def test_mesh_routers_are_not_symmetric_at_init():
         assert router.weight.std() > 0.05 and router.bias.abs().max() == 0
 
 
+@pytest.mark.parametrize("grad", [False, True, "mixed"], ids=["in_place", "concatenated", "mixed"])
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_kv_cache_equals_full_recompute(name):
-    """Prefill a prompt, then decode one token at a time and in a chunk: logits equal one full forward."""
+def test_kv_cache_equals_full_recompute(name, grad):
+    """Prefill a prompt, then decode one token at a time and in a chunk: logits equal one full forward.
+    Both cache paths: written in place (no autograd) and concatenated (autograd on), and a switch between them."""
     model = build(**VARIANTS[name])
     idx = tokens(T=30)
     full, _ = model(idx)
     cache = model.new_cache()
-    pieces = [model(idx[:, :9], cache=cache)[0]]
-    pieces += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(9, 21)]
-    pieces.append(model(idx[:, 21:], cache=cache)[0])          # a multi-token chunk after a cached prefix
+    with torch.set_grad_enabled(bool(grad)):
+        pieces = [model(idx[:, :9], cache=cache)[0]]
+    with torch.set_grad_enabled(grad is True):
+        pieces += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(9, 21)]
+        pieces.append(model(idx[:, 21:], cache=cache)[0])      # a multi-token chunk after a cached prefix
     assert cache.length == 30
     assert torch.allclose(torch.cat(pieces, dim=1), full, atol=1e-10, rtol=0)
 

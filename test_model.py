@@ -110,8 +110,10 @@ def test_flop_accounting_counts_unrolled_depth_and_sweeps():
     assert t2mlr.layer_passes() == [(1, 1), (5, 3), (5, 3), (1, 1)]
     plain = GPT(GPTConfig(**TINY, n_layer=4))
     layer = plain.train_flops_per_token() - GPT(GPTConfig(**TINY, n_layer=3)).train_flops_per_token()
-    gate = sum(p.numel() for p in t2mlr.gate.parameters())
-    expected = plain.train_flops_per_token() + 2 * (5 - 1 + 2 * (3 - 1)) * layer / 3 + 2 * (5 + 2 * 3) * gate
+    per_pass = t2mlr.gate.proj.weight.numel() + t2mlr.gate.gates_r.weight.numel()    # W_p and the r half: every pass
+    once = t2mlr.gate.gates_x.weight.numel() + t2mlr.gate.gates_x.bias.numel()       # the x half: once per forward
+    expected = (plain.train_flops_per_token() + 2 * (5 - 1 + 2 * (3 - 1)) * layer / 3
+                + 2 * (5 + 2 * 3) * per_pass + 6 * once)
     assert t2mlr.train_flops_per_token() == pytest.approx(expected)
 
 
@@ -184,3 +186,21 @@ def test_t2mlr_gate_initialisation():
     assert model.param_counts()["gate"] == 5 * C * C + 2 * C + 2
     x = torch.randn(2, 5, C)
     assert torch.equal(gate(x, torch.randn(2, 5, C)), x)
+
+
+def test_rotary_is_a_relative_position_encoding():
+    """Rotary (NeoX/LLaMA rotate-half form): the score q·k depends only on the offset between positions,
+    position 0 is the identity, and the rotated dims keep their norm; the pass-through dims are untouched."""
+    from model import apply_rotary, rotary_tables
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 16, dtype=torch.float64), torch.randn(1, 1, 1, 16, dtype=torch.float64)
+    for pct in (1.0, 0.25):
+        cos, sin = (t.double() for t in rotary_tables(16, pct, 10000.0, 40))
+        rot = lambda x, p: apply_rotary(x, cos[p:p + 1], sin[p:p + 1])
+        score = lambda m, n: (rot(q, m) * rot(k, n)).sum()
+        assert torch.allclose(score(7, 3), score(30, 26)) and torch.allclose(score(0, 9), score(11, 20))
+        assert not torch.allclose(score(7, 3), score(7, 4))
+        assert torch.equal(rot(q, 0), q)
+        r = cos.shape[-1]
+        assert torch.allclose(rot(q, 13)[..., :r].norm(), q[..., :r].norm())
+        assert torch.equal(rot(q, 13)[..., r:], q[..., r:])

@@ -43,7 +43,7 @@ from model import GPT, GPTConfig
 class TrainConfig:
     # I/O
     out_dir: str = "out"                  # ckpt.pt and log.jsonl go here
-    init_from: str = "scratch"            # 'scratch', 'resume' (everything from out_dir/ckpt.pt), or a path/to/ckpt.pt to start from its weights
+    init_from: str = "scratch"            # 'scratch' (out_dir must hold no ckpt.pt), 'resume' (all of out_dir/ckpt.pt), or path/to/ckpt.pt (its weights)
     dataset: str = "pydoc"                # reads data/<dataset>/{train,val}.bin + meta.json (prepare_data.py)
     data_dir: Optional[str] = None        # read this folder instead of data/<dataset>
     # evaluation and logging
@@ -57,6 +57,7 @@ class TrainConfig:
     batch_size: int = 16                  # sequences per micro-step per rank
     # optimizer and schedule, counted in optimizer steps (never micro-steps)
     max_iters: int = 5000                 # number of optimizer steps
+    lr_decay_iters: Optional[int] = None  # the cosine ends here; None = max_iters. Set it to stop early, then resume
     learning_rate: float = 6e-4           # peak LR, reached after warmup
     min_lr: float = 6e-5                  # cosine floor, reached at the last step
     warmup_iters: int = 200               # linear warmup steps
@@ -68,7 +69,7 @@ class TrainConfig:
     device: str = "auto"                  # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
     dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), 'float32', 'bfloat16', 'float16'
     compile: Optional[bool] = None        # torch.compile; None = on for CUDA only
-    seed: int = 1337                      # model init and global RNGs (same on every rank); data RNG = seed + rank
+    seed: int = 1337                      # model init, global RNGs and the data sampler (all the same on every rank)
     peak_flops: Optional[float] = None    # peak FLOP/s of one device, for MFU; None = table for known GPUs
 
     def __post_init__(self):
@@ -85,6 +86,8 @@ class TrainConfig:
         if self.max_iters < 0 or self.warmup_iters < 0 or not 0 <= self.min_lr <= self.learning_rate:
             raise ValueError(f"need max_iters >= 0, warmup_iters >= 0, 0 <= min_lr <= learning_rate; got "
                              f"{self.max_iters}, {self.warmup_iters}, {self.min_lr}, {self.learning_rate}")
+        if self.lr_decay_iters is not None and self.lr_decay_iters < 1:
+            raise ValueError(f"lr_decay_iters = {self.lr_decay_iters} must be >= 1 or None (= max_iters)")
 
 
 class RunError(RuntimeError):
@@ -148,13 +151,19 @@ def prepare_command(data_dir):
 def load_meta(data_dir, block_size):
     """Read data_dir/meta.json and check both splits against it.
     Raises RunError when the folder or meta.json is missing (naming the prepare command), when a .bin
-    file's size disagrees with meta.json (incomplete data), or when a split is shorter than block_size + 1."""
+    file's size disagrees with meta.json (incomplete data), when the vocabulary does not fit the token
+    dtype, or when a split is shorter than block_size + 1."""
     path = os.path.join(data_dir, "meta.json")
-    if not os.path.isfile(path):
-        raise RunError(f"no {path}: prepare the data first with `{prepare_command(data_dir)}`")
+    if not os.path.isfile(path):        # prepare_data.py deletes it first and writes it last
+        interrupted = os.path.isdir(data_dir) and any(f.endswith(".tmp") for f in os.listdir(data_dir))
+        raise RunError(f"no {path}" + (" (an interrupted prepare_data.py run left *.tmp files)" if interrupted else "")
+                       + f": prepare the data first with `{prepare_command(data_dir)}`")
     with open(path) as f:
         meta = json.load(f)
     itemsize = np.dtype(meta["dtype"]).itemsize
+    if meta["vocab_size"] > 2 ** (8 * itemsize):   # ids >= 2**bits would have wrapped around when written
+        raise RunError(f"vocab_size {meta['vocab_size']} does not fit {meta['dtype']} tokens (ids up to "
+                       f"{2 ** (8 * itemsize) - 1}); re-run `{prepare_command(data_dir)}`, which picks uint32")
     for split in ("train", "val"):
         bin_path, n = os.path.join(data_dir, f"{split}.bin"), meta[f"{split}_tokens"]
         size = os.path.getsize(bin_path) if os.path.exists(bin_path) else 0
@@ -170,6 +179,15 @@ def random_starts(n_tokens, block_size, batch_size, generator):
     """batch_size window starts drawn uniformly from [0, n_tokens - block_size - 1]: the targets of the
     last window end at start + block_size = n_tokens - 1, the final token."""
     return torch.randint(n_tokens - block_size, (batch_size,), generator=generator).tolist()
+
+
+def step_starts(n_tokens, block_size, batch_size, grad_accum, world_size, rank, generator):
+    """This rank's window starts for one optimizer step: grad_accum lists of batch_size. Every rank draws the
+    whole global batch of the step from the same generator state, then takes its share: micro-step m of rank
+    r is global micro-batch m * world_size + r. So a step sees the same windows whatever the world size
+    (2 ranks x 2 micro-steps = 1 process x 4), and the data position is one state, equal on all ranks."""
+    starts = random_starts(n_tokens, block_size, grad_accum * world_size * batch_size, generator)
+    return [starts[(m * world_size + rank) * batch_size:][:batch_size] for m in range(grad_accum)]
 
 
 def val_starts(n_tokens, block_size, n_windows):
@@ -196,12 +214,14 @@ def get_batch(path, dtype, starts, block_size, device):
 
 def get_lr(step, cfg):
     """Learning rate of optimizer step `step` (0-based): linear warmup from learning_rate/(warmup_iters+1)
-    (never 0), then cosine from learning_rate at step warmup_iters down to min_lr at the last step
-    max_iters - 1. Steps beyond stay at min_lr. No zero-length span divides: warmup_iters = 0 starts at
-    the peak, warmup_iters >= max_iters never decays."""
+    (never 0), then cosine from learning_rate at step warmup_iters down to min_lr at step L - 1,
+    L = lr_decay_iters or max_iters; min_lr beyond. No zero-length span divides: warmup_iters = 0 starts
+    at the peak, warmup_iters >= L never decays. A run stopped early on the schedule of L and resumed
+    follows the uninterrupted run's LRs."""
     if step < cfg.warmup_iters:
         return cfg.learning_rate * (step + 1) / (cfg.warmup_iters + 1)
-    progress = min(1.0, (step - cfg.warmup_iters) / max(1, cfg.max_iters - 1 - cfg.warmup_iters))
+    decay_end = cfg.lr_decay_iters or cfg.max_iters
+    progress = min(1.0, (step - cfg.warmup_iters) / max(1, decay_end - 1 - cfg.warmup_iters))
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
 
@@ -247,10 +267,14 @@ def set_rng_states(states, data_gen):
 
 
 def save_checkpoint(path, ckpt):
-    """Write ckpt to a temporary file, then rename it over `path`: a crash mid-write never leaves a
-    truncated ckpt.pt (os.replace is atomic on one file system)."""
+    """Write ckpt to a temporary file, then rename it over `path`: a process killed mid-write never leaves a
+    truncated ckpt.pt (os.replace is atomic on one file system). fsync before the rename, so that after a
+    machine crash the new name never points at data still in the page cache."""
     tmp = path + ".tmp"
-    torch.save(ckpt, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(ckpt, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -259,9 +283,12 @@ def load_checkpoint(path):
     if not os.path.isfile(path):
         raise RunError(f"no checkpoint at {path}")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:                 # truncated or foreign files fail in many ways (EOFError, UnpicklingError, ...)
         raise RunError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if not (isinstance(ckpt, dict) and "model" in ckpt):
+        raise RunError(f"{path} is not a checkpoint of train.py: it has no 'model' state dict")
+    return ckpt
 
 
 def init_weights_from(model, path):
@@ -271,22 +298,33 @@ def init_weights_from(model, path):
     the source model's. Raises RunError naming missing, unexpected or differently shaped tensors."""
     source = load_checkpoint(path)["model"]
     own = model.state_dict()
-    problems = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in source.items()
-                if k in own and v.shape != own[k].shape]
-    problems += [f"{k} is not in this model" for k in source if k not in own]
+    problems = shape_differences(source, own)
     problems += [f"{k} is missing from {path}" for k in own if k not in source and not k.startswith("gate.")]
     if problems:
         raise RunError(f"cannot initialise from {path}, the architectures differ: " + "; ".join(problems[:5]))
     model.load_state_dict(source, strict=False)
 
 
+def shape_differences(source, own):
+    """['name (checkpoint shape) vs (this model's)', 'name is not in this model', ...] for two state dicts."""
+    problems = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in source.items()
+                if k in own and v.shape != own[k].shape]
+    return problems + [f"{k} is not in this model" for k in source if k not in own]
+
+
 def model_config_from_checkpoint(ckpt, given):
     """GPTConfig stored in ckpt. Fields the user set (those that differ from GPTConfig's defaults) must
-    agree with it; otherwise RunError names every differing field."""
+    agree with it; otherwise RunError names every differing field and the first differing tensor shapes."""
+    if "model_config" not in ckpt:
+        raise RunError("the checkpoint has no model_config: only a checkpoint of train.py can be resumed")
     stored = ckpt["model_config"]
     diff = [f"{k} (given {v!r}, checkpoint {stored.get(k)!r})" for k, v in changed_fields(given).items() if stored.get(k) != v]
     if diff:
-        raise RunError("the model config differs from the checkpoint's in " + ", ".join(diff))
+        with torch.device("meta"):                  # the shapes the given config would have, without allocating
+            shapes = shape_differences(ckpt["model"], GPT(given).state_dict())
+        more = f" and {len(shapes) - 4} more" if len(shapes) > 4 else ""
+        raise RunError("the model config differs from the checkpoint's in " + ", ".join(diff) + (
+            f"; tensor shapes (checkpoint vs given): {', '.join(shapes[:4])}{more}" if shapes else "; the tensor shapes agree"))
     try:
         return GPTConfig(**stored)
     except (TypeError, ValueError) as e:
@@ -333,12 +371,15 @@ def main(argv):
     val_windows = val_starts(meta["val_tokens"], T, cfg.eval_iters * cfg.batch_size)[rank::world_size]
     val_mode = cfg.val_mode if model_cfg.t2mlr else None
     val_label = f"val loss ({cfg.val_mode})" if model_cfg.t2mlr else "val loss"
+    # Last of the checks, all before anything is written: a relaunch that forgot --init_from=resume must not wipe a run.
+    if not resumed and os.path.exists(ckpt_path):
+        raise RunError(f"{ckpt_path} exists: continue it with --init_from=resume, or choose another out_dir")
 
     # ---- model and optimizer ---------------------------------------------------------------------------
     torch.manual_seed(cfg.seed)       # the same init, and the same global RNG stream, on every rank
     np.random.seed(cfg.seed)
     random.seed(cfg.seed)
-    data_gen = torch.Generator().manual_seed(cfg.seed + rank)   # each rank draws its own windows
+    data_gen = torch.Generator().manual_seed(cfg.seed)   # identical on all ranks: see step_starts
     raw_model = GPT(model_cfg).to(device)             # never compiled or wrapped: saved, evaluated exactly
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
     scaler = torch.amp.GradScaler("cuda", enabled=ptdtype == torch.float16)   # a no-op unless fp16
@@ -393,10 +434,12 @@ def main(argv):
         if last or (step % cfg.eval_interval == 0 and (step > start_step or not resumed)):
             val_loss = evaluate(eval_model, val_path, data_dtype, val_windows, cfg.batch_size, T, device, autocast, val_mode)
             best_val = min(best_val, val_loss)
-            states = [rng_states(data_gen)] * world_size
-            if ddp:                                   # rank 0 writes every rank's RNG and data position
-                dist.all_gather_object(states, states[rank])
-            log({"step": step, "val_loss": val_loss, "val_mode": val_mode, "best_val_loss": best_val},
+            gathered = [(rng_states(data_gen), val_loss)] * world_size
+            if ddp:                                   # rank 0 saves every rank's RNGs and logs every rank's val loss
+                dist.all_gather_object(gathered, gathered[rank])
+            states = [g[0] for g in gathered]
+            log({"step": step, "val_loss": val_loss, "val_mode": val_mode, "best_val_loss": best_val}
+                | ({"val_loss_by_rank": [g[1] for g in gathered]} if ddp else {}),
                 f"step {step}: {val_label} {val_loss:.4f} (best {best_val:.4f})")
             if master:
                 save_checkpoint(ckpt_path, {
@@ -411,8 +454,9 @@ def main(argv):
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=device)     # summed on the device: no host sync per micro-step
+        starts = step_starts(meta["train_tokens"], T, cfg.batch_size, grad_accum, world_size, rank, data_gen)
         for micro in range(grad_accum):
-            x, y = get_batch(train_path, data_dtype, random_starts(meta["train_tokens"], T, cfg.batch_size, data_gen), T, device)
+            x, y = get_batch(train_path, data_dtype, starts[micro], T, device)
             # DDP arms its gradient all-reduce during the forward pass, so whether this micro-step syncs
             # is decided before it: only the last one does, and no_sync wraps forward AND backward.
             with model.no_sync() if ddp and micro < grad_accum - 1 else nullcontext():

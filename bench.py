@@ -1,0 +1,382 @@
+"""
+Speed and memory of every variant, measured side by side in ONE process: each measurement is a round
+robin over the variants (A, B, C, A, B, C, ...), repeated, and a ratio is the median over rounds of the
+per-round ratio, so load from other processes hits both sides of every ratio alike.
+
+    python bench.py                          # tiny models; under 2 minutes on 2 CPU cores
+    python bench.py --size 160m --device cuda     # the 160M MeSH family and SmolLM2-135M T²MLR, bf16
+    python bench.py --repeats 9 --out bench.json
+
+Variants. MeSH family (GPT-NeoX blocks, mesh.md §3): vanilla, base recursion and MeSH at the same
+unrolled depth (tiny: 8 layers vs 2+2R2+2). T²MLR family (LLaMA blocks): plain vs T²MLR Jacobi; the tiny
+size is the setting of t2mlr.md §11 (d 128, 8 layers, 4 heads, vocab 512, SwiGLU 512, layers 2..5
+recurrent, T 256, batch 4, D 16, b 4, θ_r = θ_x = 0.5 so the recurrence is active), so its ratios compare
+directly with the reference implementation's (Jacobi 5.27×, decode 1.17×, exact prefill 14×).
+
+Measurements, each the median of --repeats rounds after --warmup rounds:
+- train step: forward + backward (the reference's "fwd+bwd"), and the full step with the AdamW update;
+  ratios to the family's plain model, and MeSH against base recursion;
+- memory: on CUDA the peak of torch.cuda.max_memory_allocated over one full step. On CPU torch keeps no
+  allocator statistics, so it is the bytes of the distinct non-parameter tensors autograd saves for
+  the backward pass (the activation memory, which peaks when backward starts) plus 16 bytes per
+  parameter (fp32 weights, gradients, Adam's two moments). Peak RSS cannot be split between variants
+  in one process and is not used;
+- MFU: the model's own train_flops_per_token (6N plus attention, every loop and sweep counted) times
+  tokens per second, over the FLOP/s of a large matmul in the training dtype timed in the same rounds;
+- decode: ms per token with the KV cache, 64 new tokens (greedy) after a 64-token prompt, batch 1;
+- prefill: T²MLR's exact (token by token) prefill of 4 x 64 tokens into a cache, against the plain model's;
+- tokenizer: prepare_data.prepare (in-process, GPT-2 BPE, writing the .bin files) against a bare tiktoken
+  encode_ordinary_batch of the same documents (Python's pydoc topics), in tokens per second.
+On CUDA the models run under bf16 autocast and every timer synchronises. Prints markdown tables and
+writes bench.json.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+
+import torch
+
+from model import GPT, GPTConfig
+
+# Model shapes per size. "neox" holds the MeSH family's shared fields, "llama" the T²MLR family's.
+SIZES = {
+    "tiny": dict(batch=4, seq=256, prompt=64, new_tokens=64, prefill_batch=4, matmul=2048,
+                 neox=dict(flavour="neox", vocab_size=320, n_embd=128, n_head=4),
+                 vanilla=dict(n_layer=8), recursive=dict(layout="2+2R2+2"),
+                 llama=dict(flavour="llama", vocab_size=512, n_embd=128, n_head=4, n_layer=8, mlp_hidden=512),
+                 t2mlr=dict(l_start=2, l_end=5)),
+    "160m": dict(batch=8, seq=1024, prompt=64, new_tokens=64, prefill_batch=4, matmul=8192,
+                 neox=dict(flavour="neox", vocab_size=50304, n_embd=768, n_head=12),
+                 vanilla=dict(n_layer=12), recursive=dict(layout="2+4R2+2"),
+                 llama=dict(flavour="llama", vocab_size=50304, n_embd=576, n_head=9, n_kv_head=3, n_layer=30,
+                            mlp_hidden=1536, rope_theta=100000.0),
+                 t2mlr=dict(l_start=12, l_end=17)),
+}
+BASELINE = {"vanilla": "vanilla", "base": "vanilla", "mesh": "vanilla", "plain": "plain", "t2mlr": "plain"}
+REFERENCE = {"t2mlr_jacobi": 5.27, "t2mlr_decode": 1.17, "t2mlr_prefill": 14.0}   # t2mlr.md §11, same setting
+TARGETS = [   # (key in the results, description, bound, "<=" or ">="): the CPU targets of the issue
+    ("t2mlr_jacobi", "T²MLR Jacobi fwd+bwd / plain", 4.8, "<="),
+    ("t2mlr_decode", "T²MLR decode / plain, per token", 1.05, "<="),
+    ("t2mlr_prefill", "T²MLR exact prefill / plain prefill", 5.0, "<="),
+    ("mesh_vs_base", "MeSH step / base recursion step", 1.05, "<="),
+    ("vanilla_mfu", "vanilla fwd+bwd MFU vs matmul peak", 0.60, ">="),
+]
+
+
+def build_models(size, seq, device):
+    """{variant: GPT} for one size, every model initialised from seed 0; block_size = max(seq, prompt + new)."""
+    s = SIZES[size]
+    block = max(seq, s["prompt"] + s["new_tokens"])
+    configs = {"vanilla": dict(**s["neox"], **s["vanilla"]),
+               "base": dict(**s["neox"], **s["recursive"], state_mode="base"),
+               "mesh": dict(**s["neox"], **s["recursive"], state_mode="mesh"),
+               "plain": dict(s["llama"]),
+               "t2mlr": dict(**s["llama"], **s["t2mlr"], t2mlr=True, jacobi_iters=16, jacobi_grad_iters=4)}
+    models = {}
+    for name, fields in configs.items():
+        torch.manual_seed(0)
+        models[name] = GPT(GPTConfig(block_size=block, **fields)).to(device)
+    with torch.no_grad():            # θ_r = θ_x = 0.5: the gate passes the state (at θ = 0 it is an identity)
+        models["t2mlr"].gate.theta_r.fill_(0.5)
+        models["t2mlr"].gate.theta_x.fill_(0.5)
+    return models
+
+
+# -----------------------------------------------------------------------------
+# Timing: round robin over named callables
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def interleaved(fns, repeats, warmup):
+    """Call every fn of {name: fn} once per round, warmup + repeats rounds. Each fn returns {label: seconds}
+    (it times itself, synchronising). Returns {name: {label: [seconds per measured round]}}."""
+    times = {name: {} for name in fns}
+    for r in range(warmup + repeats):
+        for name, fn in fns.items():
+            for label, seconds in fn().items():
+                if r >= warmup:
+                    times[name].setdefault(label, []).append(seconds)
+    return times
+
+
+def ratio(a, b):
+    """Median over rounds of a[i] / b[i] (two lists of timings from the same rounds)."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def train_step_fn(model, optimizer, x, y, device, autocast):
+    """One training step, timed in two parts: forward + backward, then the AdamW update and zero_grad."""
+    def step():
+        sync(device)
+        t0 = time.perf_counter()
+        with autocast:
+            _, loss = model(x, y)
+        loss.backward()
+        sync(device)
+        t1 = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync(device)
+        t2 = time.perf_counter()
+        return {"fwd_bwd": t1 - t0, "step": t2 - t0}
+    return step
+
+
+def decode_fn(model, prompt, new_tokens, device, autocast):
+    """Greedy decoding with the KV cache: prefill `prompt` (B, P) untimed, then time new_tokens single-token steps."""
+    @torch.no_grad()
+    def decode():
+        cache = model.new_cache()
+        with autocast:
+            logits, _ = model(prompt, cache=cache)
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(new_tokens):
+                logits, _ = model(logits[:, -1:].argmax(-1), cache=cache)
+            sync(device)
+        return {"per_token": (time.perf_counter() - t0) / new_tokens}
+    return decode
+
+
+def prefill_fn(model, idx, device, autocast):
+    """Prefill idx (B, T) into an empty KV cache (T²MLR: the exact recurrence, token by token)."""
+    @torch.no_grad()
+    def prefill():
+        sync(device)
+        t0 = time.perf_counter()
+        with autocast:
+            model(idx, cache=model.new_cache())
+        sync(device)
+        return {"prefill": time.perf_counter() - t0}
+    return prefill
+
+
+def matmul_fn(n, device, dtype):
+    """One (n x n) @ (n x n) matmul in `dtype`: 2 n³ FLOPs, the device's practical peak."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+
+    def matmul():
+        sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        return {"matmul": time.perf_counter() - t0}
+    return matmul
+
+
+# -----------------------------------------------------------------------------
+# Memory
+
+def train_memory_mb(model, optimizer, x, y, device, autocast):
+    """Memory of one training step in MB, as described in the module docstring (CUDA: true peak; CPU: saved
+    activations + 16 B/param). Returns (peak MB, saved-activation MB)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):            # distinct storages, so views of one tensor count once; weights are not activations
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    if device.startswith("cuda"):
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        _, loss = model(x, y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    activations = sum(saved.values()) / 2**20
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2**20, activations
+    return activations + 16 * sum(p.numel() for p in model.parameters()) / 2**20, activations
+
+
+# -----------------------------------------------------------------------------
+# Tokenizer throughput
+
+def tokenizer_fns():
+    """{name: fn} timing prepare_data.prepare and a bare tiktoken encode_ordinary_batch on the pydoc topics,
+    each returning seconds and counting tokens; None when the GPT-2 vocabulary cannot be loaded (offline)."""
+    import prepare_data
+    shared = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shared", "tiktoken_cache")
+    if os.path.isdir(shared):       # the offline copy of the GPT-2 files (style.md D.5)
+        os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.abspath(shared))
+    try:
+        tok = prepare_data.get_tokenizer("gpt2")
+    except prepare_data.DataError as e:
+        print(f"tokenizer benchmark skipped: {e}", file=sys.stderr)
+        return None, 0
+    docs = list(prepare_data.read_pydoc())
+    n_tokens = sum(map(len, tok.encode_batch(docs))) + len(docs)      # + one EOT per document, as prepare writes
+    out = tempfile.mkdtemp(prefix="bench_prepare_")
+
+    def prepare():
+        t0 = time.perf_counter()
+        prepare_data.prepare([("pydoc", docs)], tok, out, val_fraction=0.05, num_proc=1)
+        return {"tokenize": time.perf_counter() - t0}
+
+    def plain():
+        t0 = time.perf_counter()
+        tok._enc.encode_ordinary_batch(docs)
+        return {"tokenize": time.perf_counter() - t0}
+    return {"prepare_data": prepare, "tiktoken": plain}, n_tokens
+
+
+# -----------------------------------------------------------------------------
+# The run
+
+def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, tokenizer=True):
+    """Every measurement of the module docstring. Returns the bench.json dict."""
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    cuda = device.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    autocast = torch.autocast("cuda", dtype=dtype) if cuda else nullcontext()
+    s = SIZES[size]
+    B, T = batch or s["batch"], seq or s["seq"]
+    load_before = os.getloadavg()[0]
+    models = build_models(size, T, device)
+    gen = torch.Generator().manual_seed(0)
+    vocab = min(m.cfg.vocab_size for m in models.values())
+    x, y = (torch.randint(vocab, (B, T), generator=gen).to(device) for _ in range(2))
+    result = {"size": size, "device": torch.cuda.get_device_name(device) if cuda else f"cpu ({torch.get_num_threads()} threads)",
+              "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__, "batch": B, "seq_len": T,
+              "repeats": repeats, "warmup": warmup, "variants": {}}
+
+    # training steps and the matmul peak, one round robin
+    optimizers = {n: m.configure_optimizers(0.1, 1e-5, (0.9, 0.95), "cuda" if cuda else "cpu") for n, m in models.items()}
+    for m in models.values():
+        m.train()
+    fns = {n: train_step_fn(m, optimizers[n], x, y, device, autocast) for n, m in models.items()}
+    fns["matmul"] = matmul_fn(s["matmul"], device, dtype)
+    t = interleaved(fns, repeats, warmup)
+    mm = t.pop("matmul")["matmul"]
+    peak = 2 * s["matmul"] ** 3 / statistics.median(mm)
+    result["matmul_peak_flops"] = peak
+    for n, m in models.items():
+        memory, activations = train_memory_mb(m, optimizers[n], x, y, device, autocast)
+        flops = m.train_flops_per_token(T) * B * T
+        base = BASELINE[n]
+        result["variants"][n] = {
+            "baseline": base, "params": sum(p.numel() for p in m.parameters()),
+            "train_flops_per_token": m.train_flops_per_token(T),
+            "fwd_bwd_ms": 1e3 * statistics.median(t[n]["fwd_bwd"]),
+            "step_ms": 1e3 * statistics.median(t[n]["step"]),
+            "fwd_bwd_ratio": ratio(t[n]["fwd_bwd"], t[base]["fwd_bwd"]),
+            "step_ratio": ratio(t[n]["step"], t[base]["step"]),
+            "flop_ratio": m.train_flops_per_token(T) / models[base].train_flops_per_token(T),
+            # per round: (model FLOPs / step time) / (matmul FLOPs / matmul time) of the same round
+            "mfu_fwd_bwd": flops / (2 * s["matmul"] ** 3) / ratio(t[n]["fwd_bwd"], mm),
+            "mfu_step": flops / (2 * s["matmul"] ** 3) / ratio(t[n]["step"], mm),
+            "memory_mb": memory, "activation_mb": activations}
+    for n, v in result["variants"].items():
+        v["memory_ratio"] = v["memory_mb"] / result["variants"][v["baseline"]]["memory_mb"]
+    result["mesh_vs_base"] = ratio(t["mesh"]["fwd_bwd"], t["base"]["fwd_bwd"])
+    result["mesh_vs_base_step"] = ratio(t["mesh"]["step"], t["base"]["step"])
+
+    # decoding with the KV cache, batch 1
+    for m in models.values():
+        m.eval()
+    prompt = torch.randint(vocab, (1, s["prompt"]), generator=gen).to(device)
+    t = interleaved({n: decode_fn(m, prompt, s["new_tokens"], device, autocast) for n, m in models.items()}, repeats, warmup)
+    for n, v in result["variants"].items():
+        v["decode_ms_per_token"] = 1e3 * statistics.median(t[n]["per_token"])
+        v["decode_ratio"] = ratio(t[n]["per_token"], t[v["baseline"]]["per_token"])
+
+    # prefill: T²MLR exact (token by token) against the plain model
+    idx = torch.randint(vocab, (s["prefill_batch"], s["prompt"]), generator=gen).to(device)
+    t = interleaved({n: prefill_fn(models[n], idx, device, autocast) for n in ("plain", "t2mlr")}, repeats, warmup)
+    result["prefill"] = {"tokens": list(idx.shape), "plain_ms": 1e3 * statistics.median(t["plain"]["prefill"]),
+                         "t2mlr_exact_ms": 1e3 * statistics.median(t["t2mlr"]["prefill"]),
+                         "ratio": ratio(t["t2mlr"]["prefill"], t["plain"]["prefill"])}
+
+    # tokenizer throughput
+    fns, n_tokens = tokenizer_fns() if tokenizer else (None, 0)
+    if fns:
+        t = interleaved(fns, repeats, 1)
+        result["tokenizer"] = {"tokens": n_tokens, **{f"{n}_tok_s": n_tokens / statistics.median(t[n]["tokenize"]) for n in fns},
+                               "ratio": ratio(t["tiktoken"]["tokenize"], t["prepare_data"]["tokenize"])}
+
+    # other processes on the same cores make every op wait (OpenMP threads get descheduled): say so
+    result["load_average"] = [load_before, os.getloadavg()[0]]
+    result["cpu_count"] = os.cpu_count()
+    v = result["variants"]
+    result["t2mlr_jacobi"] = v["t2mlr"]["fwd_bwd_ratio"]
+    result["t2mlr_decode"] = v["t2mlr"]["decode_ratio"]
+    result["t2mlr_prefill"] = result["prefill"]["ratio"]
+    result["vanilla_mfu"] = v["vanilla"]["mfu_fwd_bwd"]
+    result["targets"] = {key: {"value": result[key], "bound": bound, "op": op,
+                               "met": result[key] <= bound if op == "<=" else result[key] >= bound}
+                         for key, _, bound, op in TARGETS}
+    return result
+
+
+def markdown(r):
+    """The results as markdown tables."""
+    lines = [f"Device {r['device']}, {r['dtype']}, torch {r['torch']}; train batch {r['batch']} x {r['seq_len']} tokens; "
+             f"median of {r['repeats']} interleaved rounds after {r['warmup']} warm-up; matmul peak "
+             f"{r['matmul_peak_flops'] / 1e9:.1f} GFLOP/s.", ""]
+    if r["device"].startswith("cpu") and max(r["load_average"]) > r["cpu_count"] + 1:   # + 1: this process itself
+        lines += [f"**Warning:** load average {r['load_average'][0]:.1f} / {r['load_average'][1]:.1f} (start / end) on "
+                  f"{r['cpu_count']} cores: other processes share the CPU, the timings are unreliable.", ""]
+    lines += ["| variant | params | FLOPs/token (× base) | fwd+bwd ms (× base) | +AdamW ms (× base) | MFU fwd+bwd | "
+              "memory MB (× base) | decode ms/token (× base) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for n, v in r["variants"].items():
+        base = "" if n == v["baseline"] else f" vs {v['baseline']}"
+        lines.append(f"| {n}{base} | {v['params'] / 1e6:.2f}M | {v['train_flops_per_token'] / 1e6:.1f}M ({v['flop_ratio']:.2f}×) | "
+                     f"{v['fwd_bwd_ms']:.1f} ({v['fwd_bwd_ratio']:.2f}×) | {v['step_ms']:.1f} ({v['step_ratio']:.2f}×) | "
+                     f"{100 * v['mfu_fwd_bwd']:.0f}% | {v['memory_mb']:.1f} ({v['memory_ratio']:.2f}×) | "
+                     f"{v['decode_ms_per_token']:.2f} ({v['decode_ratio']:.2f}×) |")
+    p = r["prefill"]
+    lines += ["", f"MeSH / base recursion: fwd+bwd {r['mesh_vs_base']:.3f}×, full step {r['mesh_vs_base_step']:.3f}×. "
+              f"Exact T²MLR prefill of {p['tokens'][0]} x {p['tokens'][1]} tokens: {p['t2mlr_exact_ms']:.1f} ms vs plain "
+              f"{p['plain_ms']:.1f} ms ({p['ratio']:.2f}×)."]
+    if "tokenizer" in r:
+        k = r["tokenizer"]
+        lines.append(f"Tokenizer (GPT-2 BPE, pydoc, {k['tokens']:,} tokens): prepare_data {k['prepare_data_tok_s'] / 1e6:.2f}M tok/s, "
+                     f"bare tiktoken encode_ordinary_batch {k['tiktoken_tok_s'] / 1e6:.2f}M tok/s ({k['ratio']:.2f}× of bare).")
+    lines += ["", "| target | measured | bound | met | reference (t2mlr.md §11) |", "|---|---|---|---|---|"]
+    for key, desc, bound, op in TARGETS:
+        tg = r["targets"][key]
+        fmt = (lambda x: f"{100 * x:.0f}%") if key == "vanilla_mfu" else (lambda x: f"{x:.2f}×")
+        ref = f"{REFERENCE[key]:.2f}×" if key in REFERENCE else ""
+        lines.append(f"| {desc} | {fmt(tg['value'])} | {op} {fmt(bound)} | {'yes' if tg['met'] else '**no**'} | {ref} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    """Run the command line; returns the bench.json dict."""
+    p = argparse.ArgumentParser(description="Speed and memory of every variant, interleaved in one process.")
+    p.add_argument("--size", choices=list(SIZES), default="tiny", help="default tiny (t2mlr.md §11's setting)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1 ...")
+    p.add_argument("--repeats", type=int, default=7, help="measured rounds per measurement (median); default 7")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first; default 2")
+    p.add_argument("--batch_size", type=int, default=None, help="training batch; default per size (tiny 4)")
+    p.add_argument("--seq_len", type=int, default=None, help="training sequence length; default per size (tiny 256)")
+    p.add_argument("--no_tokenizer", action="store_true", help="skip the tokenizer measurement")
+    p.add_argument("--out", default="bench.json", help="default bench.json")
+    args = p.parse_args(argv)
+    t0 = time.time()
+    result = run(args.size, args.device, args.repeats, args.warmup, args.batch_size, args.seq_len, not args.no_tokenizer)
+    result["wall_s"] = time.time() - t0
+    print(markdown(result))
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"\nwrote {args.out} ({result['wall_s']:.0f} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()

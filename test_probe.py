@@ -1,0 +1,142 @@
+"""
+Tests of probe.py: the properties of the three measures (mesh.md §4) and a run of the command line on tiny
+random checkpoints of each kind of variant. Run: python -m pytest -q test_probe.py (a few seconds)
+"""
+
+import json
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+import probe
+from model import GPT, GPTConfig
+
+
+def random_states(b=3, t=40, c=16, seed=0):
+    return torch.randn(b, t, c, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "linear"])
+def test_cka_of_a_matrix_with_itself_is_one(kernel):
+    x = random_states()
+    assert torch.allclose(probe.cka(x, x, kernel), torch.ones(3, dtype=torch.float64), atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "linear"])
+def test_cka_is_invariant_to_orthogonal_maps_and_isotropic_scaling(kernel):
+    x, y = random_states(seed=0), random_states(seed=1)
+    q, _ = torch.linalg.qr(torch.randn(16, 16, dtype=torch.float64))
+    base = probe.cka(x, y, kernel)
+    assert torch.allclose(probe.cka(x @ q, y, kernel), base, atol=1e-10)
+    assert torch.allclose(probe.cka(x, 7.5 * y, kernel), base, atol=1e-10)
+    assert torch.allclose(probe.cka(x, y @ q * 0.01, kernel), base, atol=1e-10)
+    assert (base < 0.99).all()                  # and independent states are told apart
+
+
+def test_linear_cka_equals_the_direct_formula():
+    x, y = random_states(seed=2), random_states(c=24, seed=3)
+    for b in range(3):
+        xc, yc = x[b] - x[b].mean(0), y[b] - y[b].mean(0)
+        direct = (yc.T @ xc).norm() ** 2 / ((xc.T @ xc).norm() * (yc.T @ yc).norm())
+        assert torch.allclose(probe.cka(x, y, "linear")[b], direct, atol=1e-12)
+
+
+def test_rbf_cka_matches_kornblith_reference_code():
+    """numpy transcription of Kornblith et al.'s gram_rbf / center_gram / cka (google-research/representation_similarity)."""
+    x, y = random_states(b=1, seed=4)[0].numpy(), random_states(b=1, seed=5)[0].numpy()
+
+    def gram_rbf(a):
+        dot = a @ a.T
+        sq = np.diag(dot)
+        d = -2 * dot + sq[:, None] + sq[None, :]
+        return np.exp(-d / (2 * np.median(d)))
+
+    def center(k):
+        n = k.shape[0]
+        h = np.eye(n) - np.ones((n, n)) / n
+        return h @ k @ h
+
+    kx, ky = center(gram_rbf(x)), center(gram_rbf(y))
+    expected = (kx * ky).sum() / (np.linalg.norm(kx) * np.linalg.norm(ky))
+    got = probe.cka(torch.from_numpy(x)[None], torch.from_numpy(y)[None], "rbf")
+    assert abs(got.item() - expected) < 1e-10
+
+
+def test_a_rank_r_matrix_has_r_nonzero_normalised_singular_values():
+    g = torch.Generator().manual_seed(0)
+    r = 5
+    x = torch.randn(2, 60, r, generator=g, dtype=torch.float64) @ torch.randn(2, r, 32, generator=g, dtype=torch.float64)
+    sigma = probe.singular_values(x)
+    ratios = sigma / sigma[:, :1]
+    assert ((ratios > 1e-10).sum(dim=1) == r).all()
+    assert (probe.effective_rank(sigma) <= r + 1e-6).all()
+    flat = torch.ones(1, 8, dtype=torch.float64)          # equal singular values: effective rank = their number
+    assert torch.allclose(probe.effective_rank(flat), torch.tensor([8.0], dtype=torch.float64))
+
+
+def test_skew_of_an_identity_block_is_zero():
+    x = random_states()
+    assert torch.equal(probe.relative_update(x, x), torch.zeros(3, dtype=torch.float64))
+    assert torch.allclose(probe.relative_update(x, -x), torch.full((3,), 2.0, dtype=torch.float64))
+
+
+# ---- the command line on tiny random checkpoints ---------------------------------------------------
+
+TINY = dict(vocab_size=64, block_size=32, n_embd=32, n_head=4)
+VARIANTS = {
+    "vanilla": dict(n_layer=3),
+    "mesh": dict(layout="1+1R3+1", state_mode="mesh"),
+    "t2mlr": dict(flavour="llama", mlp_hidden=64, n_layer=4, t2mlr=True, l_start=1, l_end=2, jacobi_iters=4),
+}
+
+
+def write_checkpoint(tmp_path, fields):
+    """A random model of GPTConfig(**fields) saved as train.py does, and a token folder with meta.json."""
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 400), ("val", 300)):
+        rng.integers(0, 60, n).astype(np.uint16).tofile(data / f"{split}.bin")
+    (data / "meta.json").write_text(json.dumps({"vocab_size": 60, "dtype": "uint16", "train_tokens": 400, "val_tokens": 300}))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, **fields))
+    if model.gate is not None:          # θ = 0.5 so that the recurrent state matters (t2mlr.md §11)
+        model.gate.theta_r.data.fill_(0.5)
+        model.gate.theta_x.data.fill_(0.5)
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "model_config": asdict(model.cfg),
+                "train_config": {"dataset": "tiny", "data_dir": str(data), "batch_size": 4}, "tokenizer": "byte"}, path)
+    return path
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_probe_command_line_writes_json_and_figures(tmp_path, variant):
+    path = write_checkpoint(tmp_path, VARIANTS[variant])
+    out = tmp_path / "probe"
+    result = probe.main([str(path), "--num_seqs", "6", "--batch_size", "4", "--out", str(out)])
+    saved = json.loads((out / "probe.json").read_text())
+    assert saved["skew"] == json.loads(json.dumps(result["skew"]))
+    states = saved["cka"]["states"]
+    blocks = saved["skew"]["blocks"]
+    if variant == "mesh":
+        assert states == ["h_emb", "h(0)", "h(1)", "h(2)", "h(3)", "h_out"]
+        assert blocks == ["prelude", "core0", "core1", "core2", "coda"]
+    elif variant == "vanilla":
+        assert states == ["h_emb", "layer0", "layer1", "h_out"] and blocks == ["layer0", "layer1", "layer2"]
+    else:
+        assert blocks == ["layer0", "gate", "layer1", "layer2", "layer3"]
+        assert saved["skew_no_state"]["blocks"] == blocks
+        # the layer below the gate does not see the state; the gate does
+        assert saved["skew_no_state"]["mean"][0] == pytest.approx(saved["skew"]["mean"][0])
+        assert saved["skew_no_state"]["mean"][1] != pytest.approx(saved["skew"]["mean"][1])
+    s = len(states)
+    rbf = np.array(saved["cka"]["rbf"])
+    assert rbf.shape == (s, s) and np.allclose(np.diag(rbf), 1) and np.allclose(rbf, rbf.T)
+    assert all(len(v) == min(32, 50) for v in saved["spectra"]["ratio_mean"].values())
+    assert all(v[0] == pytest.approx(1) and max(v) <= 1 + 1e-9 for v in saved["spectra"]["ratio_mean"].values())
+    assert all(len(saved["skew"][k]) == len(blocks) for k in ("mean", "std"))
+    pytest.importorskip("matplotlib")
+    for name in ("skew", "cka", "spectra"):
+        assert (out / f"probe_{name}.png").stat().st_size > 1000
