@@ -24,7 +24,7 @@ from model import GPT, GPTConfig
 from sample import SampleConfig
 from train import (RunError, TrainConfig, get_batch, get_lr, grad_accum_steps, load_checkpoint, load_meta,
                    model_config_from_checkpoint, random_starts, rng_states, save_checkpoint, set_rng_states,
-                   step_starts, val_starts)
+                   step_starts, train_config_from_checkpoint, val_starts)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TINY = ["--n_layer=2", "--n_embd=32", "--n_head=2", "--block_size=32", "--vocab_size=320",
@@ -277,6 +277,34 @@ def test_resume_rejects_a_different_architecture():
     with pytest.raises(RunError, match=r"in layout \(given '1\+1R2\+1', checkpoint '1\+2R2\+1'\); tensor shapes "
                                        r"\(checkpoint vs given\): layers\.3\.ln1\.weight is not in this model, .* more$"):
         model_config_from_checkpoint(stored, GPTConfig(n_embd=64, n_head=4, layout="1+1R2+1", vocab_size=128, block_size=16))
+
+
+def test_resume_without_the_config_file_continues_the_same_run():
+    """`--init_from=resume` alone takes data, batch and schedule from the checkpoint (not the defaults);
+    keys given again win; this launch's system settings (device, out_dir, ...) always apply."""
+    run_cfg = TrainConfig(dataset="fineweb_edu", total_batch_size=4096, batch_size=2, learning_rate=3e-4, max_iters=900,
+                          device="cpu", out_dir="old")
+    ckpt = {"train_config": dataclasses.asdict(run_cfg)}
+    _, given = load("--init_from=resume", "--out_dir=new")
+    cfg = train_config_from_checkpoint(ckpt, given)
+    assert (cfg.dataset, cfg.total_batch_size, cfg.batch_size, cfg.learning_rate, cfg.max_iters) == \
+        ("fineweb_edu", 4096, 2, 3e-4, 900)
+    assert (cfg.out_dir, cfg.device, cfg.init_from) == ("new", "auto", "resume")
+    _, given = load("--init_from=resume", "--max_iters=1800")       # extend the run
+    assert train_config_from_checkpoint(ckpt, given).max_iters == 1800
+
+
+def test_resume_refuses_data_of_another_tokenizer(tmp_path):
+    write_dataset(tmp_path / "data" / "fox")
+    out = tmp_path / "out"
+    assert run("train.py", *TINY, "--dataset=fox", "--max_iters=2", f"--out_dir={out}", cwd=tmp_path).returncode == 0
+    meta_path = tmp_path / "data" / "fox" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "tokenizer": "gpt2"}))
+    result = run("train.py", "--init_from=resume", f"--out_dir={out}", "--max_iters=4", cwd=tmp_path)
+    assert result.returncode != 0
+    assert result.stderr.strip() == ("error: data/fox holds gpt2 tokens but the checkpoint was trained on byte tokens; "
+                                     "resume with the run's dataset")
 
 
 # -----------------------------------------------------------------------------

@@ -312,6 +312,16 @@ def shape_differences(source, own):
     return problems + [f"{k} is not in this model" for k in source if k not in own]
 
 
+def train_config_from_checkpoint(ckpt, given):
+    """The TrainConfig of a resumed run: the checkpoint's data, batch and schedule settings, overridden by the
+    fields given again (those that differ from TrainConfig's defaults), so a resume without the config file
+    continues the same run instead of falling back to the defaults. This launch's own system settings
+    (out_dir, device, dtype, compile, progress) always apply."""
+    system = ("init_from", "out_dir", "device", "dtype", "compile", "progress")
+    stored = {k: v for k, v in ckpt["train_config"].items() if k not in system}
+    return TrainConfig(**{**asdict(given), **stored, **changed_fields(given)})
+
+
 def model_config_from_checkpoint(ckpt, given):
     """GPTConfig stored in ckpt. Fields the user set (those that differ from GPTConfig's defaults) must
     agree with it; otherwise RunError names every differing field and the first differing tensor shapes."""
@@ -354,8 +364,9 @@ def main(argv):
     ckpt_path, log_path = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "log.jsonl")
     resumed = cfg.init_from == "resume"
     ckpt = load_checkpoint(ckpt_path) if resumed else None
-    if resumed:                                       # the architecture comes from the checkpoint
+    if resumed:                                       # the architecture and the run's settings come from the checkpoint
         model_cfg = model_config_from_checkpoint(ckpt, model_cfg)
+        cfg = train_config_from_checkpoint(ckpt, cfg)
     T = model_cfg.block_size
     grad_accum = grad_accum_steps(cfg.total_batch_size, cfg.batch_size, T, world_size)
 
@@ -365,6 +376,9 @@ def main(argv):
     if meta["vocab_size"] > model_cfg.vocab_size:
         raise RunError(f"the data's vocab_size {meta['vocab_size']} (meta.json) exceeds the model's vocab_size "
                        f"{model_cfg.vocab_size}; set vocab_size >= {meta['vocab_size']}")
+    if resumed and ckpt["tokenizer"] != meta["tokenizer"]:
+        raise RunError(f"{data_dir} holds {meta['tokenizer']} tokens but the checkpoint was trained on "
+                       f"{ckpt['tokenizer']} tokens; resume with the run's dataset")
     train_path, val_path = os.path.join(data_dir, "train.bin"), os.path.join(data_dir, "val.bin")
     data_dtype = np.dtype(meta["dtype"])
     # the fixed val windows, dealt out to the ranks; evaluate() sums over ranks
