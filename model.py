@@ -38,8 +38,8 @@ def rotary_tables(head_dim: int, rope_pct: float, theta: float, length: int):
     """cos/sin tables for rotary embedding on the first `rope_pct` of each head's dims.
 
     Returns two tensors of shape (length, 1, rot_dim), rot_dim = int(head_dim * rope_pct) rounded down
-    to an even number, to broadcast over (B, T, heads, hs); sin carries the sign of the rotation. GPT-NeoX/Pythia rotates 25% of the dims
-    (base 10000), LLaMA all of them.
+    to an even number, to broadcast over (B, T, heads, hs); sin carries the sign of the rotation.
+    GPT-NeoX/Pythia rotates 25% of the dims (base 10000), LLaMA all of them.
     """
     rot_dim = int(head_dim * rope_pct) // 2 * 2
     inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
@@ -725,7 +725,7 @@ class GPT(nn.Module):
         layer_fwd = 2 * n_layer + 4 * cfg.n_embd * T
         flops = sum((f + 2 * b) * layer_fwd for f, b in self.layer_passes())
         if self.gate is not None:
-            start, end = self.cfg.recurrent_layers
+            start, _ = self.cfg.recurrent_layers
             f, b = self.layer_passes()[start]
             per_pass = sum(p.numel() for p in (*self.gate.proj.parameters(), *self.gate.gates_r.parameters()))
             flops += (f + 2 * b) * 2 * per_pass          # W_p and the r half with every pass of the middle block

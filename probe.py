@@ -29,8 +29,8 @@ import sys
 
 import torch
 
-from model import GPT, GPTConfig, shift_right, update_state
-from train import RunError, get_batch, load_checkpoint, load_meta, val_starts
+from model import GPTConfig, shift_right, update_state
+from train import RunError, get_batch, load_meta, load_model, val_starts
 
 
 # -----------------------------------------------------------------------------
@@ -302,14 +302,6 @@ def plot(result, out_dir, title):
 
 # -----------------------------------------------------------------------------
 # Command line
-
-def load_model(path, device="cpu"):
-    """(model in eval mode, checkpoint dict) from a train.py checkpoint. Raises RunError."""
-    ckpt = load_checkpoint(path)
-    model = GPT(GPTConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), ckpt
-
 
 def validation_sequences(ckpt, num_seqs, seq_len, data_dir=None):
     """(num_seqs, seq_len) int64 token ids: the evenly strided validation windows of the checkpoint's data set

@@ -14,9 +14,8 @@ from typing import Optional
 import torch
 
 from configurator import ConfigError, load_config
-from model import GPT, GPTConfig
 from prepare_data import DataError, get_tokenizer
-from train import RunError, autocast_context, load_checkpoint, resolve_device, resolve_dtype
+from train import RunError, autocast_context, load_model, resolve_device, resolve_dtype
 
 
 @dataclass
@@ -48,15 +47,9 @@ def main(argv):
     autocast = autocast_context(device_type, resolve_dtype(cfg.dtype, device_type))
 
     path = os.path.join(cfg.out_dir, "ckpt.pt")
-    ckpt = load_checkpoint(path)
-    try:
-        model_cfg = GPTConfig(**ckpt["model_config"])
-        model = GPT(model_cfg)
-        model.load_state_dict(ckpt["model"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:   # a checkpoint from another version or tool
-        raise RunError(f"{path} does not fit this model.py: {type(e).__name__}: {' '.join(str(e).split())}")
+    model, ckpt = load_model(path, device)             # eval mode: T²MLR generates with the exact recurrence
+    model_cfg = model.cfg
     tokenizer = get_tokenizer(ckpt["tokenizer"])
-    model.eval().to(device)                            # eval(): T²MLR generates with the exact recurrence
     print(f"{path}: step {ckpt['step']}, val loss {ckpt['val_loss']:.4f}", file=sys.stderr)
 
     text = cfg.start

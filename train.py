@@ -291,6 +291,18 @@ def load_checkpoint(path):
     return ckpt
 
 
+def load_model(path, device="cpu"):
+    """(model in eval mode on device, checkpoint dict) from the train.py checkpoint at `path`, for sample.py
+    and probe.py. Raises RunError when the file is missing, unreadable, or does not fit this model.py."""
+    ckpt = load_checkpoint(path)
+    try:
+        model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:   # a checkpoint from another version or tool
+        raise RunError(f"{path} does not fit this model.py: {type(e).__name__}: {' '.join(str(e).split())}")
+    return model.to(device).eval(), ckpt
+
+
 def init_weights_from(model, path):
     """Load the weights of the checkpoint at `path` into `model`, e.g. a trained vanilla model into a T²MLR
     model of the same shape (a retrofit). Parameters the checkpoint lacks keep their initialisation only if
