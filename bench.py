@@ -16,11 +16,13 @@ directly with the reference implementation's (Jacobi 5.27×, decode 1.17×, exac
 Measurements, each the median of --repeats rounds after --warmup rounds:
 - train step: forward + backward (the reference's "fwd+bwd"), and the full step with the AdamW update;
   ratios to the family's plain model, and MeSH against base recursion;
-- memory: on CUDA the peak of torch.cuda.max_memory_allocated over one full step. On CPU torch keeps no
-  allocator statistics, so it is the bytes of the distinct non-parameter tensors autograd saves for
-  the backward pass (the activation memory, which peaks when backward starts) plus 16 bytes per
-  parameter (fp32 weights, gradients, Adam's two moments). Peak RSS cannot be split between variants
-  in one process and is not used;
+- memory: what one full step of one variant needs. On CUDA: the peak of torch.cuda.max_memory_allocated
+  during the step above what was allocated before it (the other variants' weights, anything left over),
+  plus the variant's own weights and optimizer state, allocated before the step but needed by it. On
+  CPU torch keeps no allocator statistics, so it is the peak of the bytes of the distinct non-parameter
+  tensors autograd holds for the backward pass (the activation memory, which peaks when backward
+  starts; SavedTensorMeter) plus 16 bytes per parameter (fp32 weights, gradients, Adam's two moments).
+  Peak RSS cannot be split between variants in one process and is not used;
 - MFU: the model's own train_flops_per_token (6N plus attention, every loop and sweep counted) times
   tokens per second, over the FLOP/s of a large matmul in the training dtype timed in the same rounds;
 - decode: ms per token with the KV cache, 64 new tokens (greedy) after a 64-token prompt, batch 1;
@@ -38,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+import weakref
 from contextlib import nullcontext
 
 import torch
@@ -176,31 +179,75 @@ def matmul_fn(n, device, dtype):
 # -----------------------------------------------------------------------------
 # Memory
 
+class SavedTensorMeter:
+    """Bytes of the tensors autograd holds for the backward pass, now (`live`) and at most (`peak`).
+
+    Inside `with meter:` a saved-tensor pack hook counts every distinct storage while autograd holds it
+    (views of one tensor count once; the storages of `exclude`, the weights, never). The hook gives
+    autograd a detached handle, never the tensor itself: a saved output holding its own grad_fn is a
+    reference cycle that keeps a graph alive for good unless backward runs through it (a graph discarded
+    after forward stayed, and stayed counted). A finalizer on the handle subtracts the bytes when autograd
+    lets go of it: when backward has used it, or when the graph is discarded. So a discarded graph
+    counts only while it exists, and one meter per step measures that step alone.
+    """
+
+    def __init__(self, exclude=()):
+        self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
+        self.handles, self.nbytes = {}, {}             # storage data_ptr -> handles alive, storage bytes
+        self.live = self.peak = 0
+
+    def pack(self, t):
+        handle, ptr = t.detach(), t.untyped_storage().data_ptr()
+        if ptr not in self.exclude:
+            if ptr not in self.handles:
+                self.handles[ptr], self.nbytes[ptr] = 0, t.untyped_storage().nbytes()
+                self.live += self.nbytes[ptr]
+                self.peak = max(self.peak, self.live)
+            self.handles[ptr] += 1
+            weakref.finalize(handle, self.release, ptr)
+        return handle
+
+    def release(self, ptr):
+        self.handles[ptr] -= 1
+        if self.handles[ptr] == 0:
+            del self.handles[ptr]
+            self.live -= self.nbytes.pop(ptr)
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda handle: handle)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+
 def train_memory_mb(model, optimizer, x, y, device, autocast):
-    """Memory of one training step in MB, as described in the module docstring (CUDA: true peak; CPU: saved
-    activations + 16 B/param). Returns (peak MB, saved-activation MB)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = {}
-
-    def pack(t):            # distinct storages, so views of one tensor count once; weights are not activations
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            saved[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    if device.startswith("cuda"):
-        optimizer.zero_grad(set_to_none=True)
+    """Memory of one training step in MB, as described in the module docstring (CUDA: the step's own peak
+    plus the variant's resident weights and optimizer state; CPU: peak saved activations + 16 B/param).
+    Returns (peak MB, saved-activation MB)."""
+    params = list(model.parameters())
+    meter = SavedTensorMeter(exclude=params)
+    optimizer.zero_grad(set_to_none=True)
+    cuda = device.startswith("cuda")
+    if cuda:
+        # resident before the step: weights and any optimizer state (created during the step on the first
+        # one, and then already in the step's peak)
+        resident = sum(p.nbytes for p in params) + sum(v.nbytes for state in optimizer.state.values()
+                                                       for v in state.values() if torch.is_tensor(v))
+        torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        before = torch.cuda.memory_allocated(device)
+    with meter, autocast:
         _, loss = model(x, y)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    activations = sum(saved.values()) / 2**20
-    if device.startswith("cuda"):
-        return torch.cuda.max_memory_allocated(device) / 2**20, activations
-    return activations + 16 * sum(p.numel() for p in model.parameters()) / 2**20, activations
+    activations = meter.peak / 2**20
+    if cuda:
+        return (torch.cuda.max_memory_allocated(device) - before + resident) / 2**20, activations
+    return activations + 16 * sum(p.numel() for p in params) / 2**20, activations
 
 
 # -----------------------------------------------------------------------------

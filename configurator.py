@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import math
 import re
 import runpy
 import sys
@@ -72,7 +73,7 @@ def print_help(classes):
         print()
 
 
-def load_config(argv, *classes):
+def load_config(argv, *classes, skip_unknown=False):
     """Build one instance of each dataclass in `classes` from config files and --key=value overrides.
 
     argv: e.g. sys.argv[1:]: `*.py` config files (run in order, names starting with '_' and
@@ -81,17 +82,27 @@ def load_config(argv, *classes):
     classes: dataclasses (GPTConfig, TrainConfig, ...); each key goes to the one that has that field.
     Each is built as cls(**its overrides), never by dataclasses.replace: GPTConfig.__post_init__ fills
     in defaults that depend on other fields (mlp_hidden = 4*n_embd, ...), which a copy would freeze.
-    Returns a list of instances, one per class, in order. `--help` prints all fields and exits 0.
+    skip_unknown: skip the keys no class has, e.g. the training keys of a config file read by
+    `python model.py` (which must not import train.py); a key within a typo of a field (difflib ratio
+    >= 0.8, e.g. 'n_layers') is still an error.
+    Returns (instances, given): a list of instances, one per class, in order, and the set of the keys
+    the user set, in a config file or on the command line. `given` is the only record of what was set:
+    a value equal to the default may have been given, so never compare with the defaults to find out.
+    `--help` prints all fields and exits 0.
     Raises ConfigError for an unknown key (with a close match), a wrong type, a bad argument, or an
-    invalid combination that a dataclass's __post_init__ rejects with ValueError.
+    invalid value or combination that a dataclass's __post_init__ rejects with ValueError.
     """
     hints = [typing.get_type_hints(cls) for cls in classes]
     owner = {f.name: i for i, cls in enumerate(classes) for f in dataclasses.fields(cls)}
+    if len(owner) < sum(len(dataclasses.fields(cls)) for cls in classes):
+        raise TypeError(f"two of {[cls.__name__ for cls in classes]} share a field name: a key must have one owner")
     overrides = [{} for _ in classes]
 
     def assign(key, value, where, raw=None):
         if key not in owner:
-            close = difflib.get_close_matches(key, owner, n=1)
+            close = difflib.get_close_matches(key, owner, n=1, cutoff=0.8 if skip_unknown else 0.6)
+            if skip_unknown and not close:
+                return
             raise ConfigError(f"unknown config key '{key}' in {where}" + (f" (did you mean '{close[0]}'?)" if close else ""))
         i = owner[key]
         try:
@@ -128,12 +139,41 @@ def load_config(argv, *classes):
         else:
             raise ConfigError(f"argument '{arg}' is neither a config file (*.py) nor --key=value")
     try:
-        return [cls(**o) for cls, o in zip(classes, overrides)]
+        instances = [cls(**o) for cls, o in zip(classes, overrides)]
     except ValueError as e:                   # e.g. GPTConfig: n_embd must divide by n_head
         raise ConfigError(str(e)) from None
+    return instances, {key for o in overrides for key in o}
 
 
-def changed_fields(cfg) -> dict:
-    """{field: value} for the fields of `cfg` that differ from a default instance of its class."""
-    plain = type(cfg)()
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(plain, f.name)}
+def given_values(given, *instances) -> dict:
+    """{key: value} of the keys in `given` (load_config's record), in field order: what the user set."""
+    return {f.name: getattr(cfg, f.name) for cfg in instances for f in dataclasses.fields(cfg) if f.name in given}
+
+
+def check_ranges(cfg, ranges):
+    """Raise ValueError for the first field of the dataclass instance `cfg` outside its range, naming the
+    value and the range, e.g. "rope_pct = 1.5 must be in [0, 1]".
+
+    ranges: {field: range}, a range being '>= a', '> a', '[a, b]', '[a, b)', '(a, b]' or '(a, b)'.
+    None passes (an Optional field left to its default; the message then says "or None"); nan and
+    ±inf never pass.
+    """
+    for name, valid in ranges.items():
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        finite = not isinstance(value, float) or math.isfinite(value)
+        if not (finite and _within(value, valid)):
+            optional = next(f for f in dataclasses.fields(cfg) if f.name == name).default is None
+            raise ValueError(f"{name} = {value!r} must be {'' if finite else 'finite and '}"
+                             f"{'in ' if valid[0] in '[(' else ''}{valid}{' or None' if optional else ''}")
+
+
+def _within(value, valid):
+    """Whether the number `value` lies in the range `valid` (see check_ranges)."""
+    if valid.startswith(">"):
+        op, bound = valid.split()
+        bound = ast.literal_eval(bound)
+        return value >= bound if op == ">=" else value > bound
+    low, high = (ast.literal_eval(bound.strip()) for bound in valid[1:-1].split(","))
+    return (low <= value if valid[0] == "[" else low < value) and (value <= high if valid[-1] == "]" else value < high)

@@ -30,20 +30,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from configurator import check_ranges
+
 
 # -----------------------------------------------------------------------------
 # Rotary position embedding
 
-def rotary_tables(head_dim: int, rope_pct: float, theta: float, length: int):
+def rotary_tables(head_dim: int, rope_pct: float, theta: float, length: int, dtype=torch.float32):
     """cos/sin tables for rotary embedding on the first `rope_pct` of each head's dims.
 
     Returns two tensors of shape (length, 1, rot_dim), rot_dim = int(head_dim * rope_pct) rounded down
     to an even number, to broadcast over (B, T, heads, hs); sin carries the sign of the rotation.
-    GPT-NeoX/Pythia rotates 25% of the dims (base 10000), LLaMA all of them.
+    GPT-NeoX/Pythia rotates 25% of the dims (base 10000), LLaMA all of them. Computed in `dtype` from
+    the start (float64 tables are not float32 ones cast up: those would be exact to ~1e-7 only).
     """
     rot_dim = int(head_dim * rope_pct) // 2 * 2
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
-    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)   # (length, rot_dim/2)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=dtype) / rot_dim))
+    angles = torch.outer(torch.arange(length, dtype=dtype), inv_freq)           # (length, rot_dim/2)
     cos = torch.cat([angles.cos(), angles.cos()], dim=-1).unsqueeze(1)          # (length, 1, rot_dim)
     sin = torch.cat([-angles.sin(), angles.sin()], dim=-1).unsqueeze(1)         # signed: see apply_rotary
     return cos, sin
@@ -55,6 +58,8 @@ def apply_rotary(x, cos, sin):
     roll() swaps the halves and the signed sin table supplies the minus; other dims pass through.
     cos, sin: (T, 1, rot_dim) from rotary_tables."""
     rot_dim = cos.shape[-1]
+    if rot_dim == 0:             # rope_pct = 0: no positional encoding at all (NoPE)
+        return x
     if rot_dim < x.shape[-1]:
         return torch.cat([apply_rotary(x[..., :rot_dim], cos, sin), x[..., rot_dim:]], dim=-1)
     return (x * cos + x.roll(rot_dim // 2, dims=-1) * sin).to(x.dtype)
@@ -293,11 +298,41 @@ def shift_right(x):
     return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
 
 
+# Control flow (c_t in the T²MLR reference code): per token 0 = padding, 1 = non-recurrent (e.g. a prompt), >= 2 =
+# recurrent. Mixing and the residual state merge happen only where c > 1; elsewhere the gate passes x through
+# and the written state is the raw l_end output h. `recurrent` below is the mask (c > 1) of shape (B, T, 1),
+# or None when every token is recurrent (no control given), which skips the masking entirely.
+
+def recurrent_mask(control):
+    """control (B, T) ints -> bool mask (B, T, 1) of the recurrent tokens (c > 1), or None for control=None."""
+    return None if control is None else (control > 1).unsqueeze(-1)
+
+
+def mix_state(gate, x, state, pre, recurrent):
+    """The gate's x' = f(x, R_{t-1}) at recurrent tokens, x unchanged at the others. x, state: (B, T, C)."""
+    mixed = gate(x, state, pre)
+    return mixed if recurrent is None else torch.where(recurrent, mixed, x)
+
+
+def write_state(h, state, cfg, recurrent):
+    """R_t: update_state(h_t, R_{t-1}) at recurrent tokens, the raw l_end output h_t at the others."""
+    merged = update_state(h, state, cfg.state_residual, cfg.state_detach)
+    return merged if recurrent is None else torch.where(recurrent, merged, h)
+
+
 # -----------------------------------------------------------------------------
 # Configuration
 
 LAYOUT_RE = re.compile(r"^(\d+)\+(\d+)R(\d+)\+(\d+)$")
 STATE_MODES = ("base", "residual", "anchor", "anchor_star", "mesh")
+# The valid range of every numeric field of GPTConfig (configurator.check_ranges: None passes, nan and inf
+# never). l_start and l_end take any int (negative counts from the end); _check_t2mlr checks them.
+GPT_RANGES = {
+    "vocab_size": ">= 1", "block_size": ">= 1", "n_layer": ">= 1", "n_head": ">= 1", "n_kv_head": ">= 1",
+    "n_embd": ">= 1", "mlp_hidden": ">= 1", "rope_theta": "> 0", "rope_pct": "[0, 1]", "norm_eps": "> 0",
+    "mesh_slots": ">= 2", "jacobi_iters": ">= 1", "jacobi_grad_iters": ">= 0", "gate_bias_prob": "(0, 1)",
+    "gate_weight_gain": "> 0",
+}
 
 
 def parse_layout(layout: str):
@@ -344,6 +379,8 @@ class GPTConfig:
     jacobi_grad_iters: int = 4       # b: sweeps that carry gradient
     state_residual: bool = True      # R_t = s·(h_t + R_{t-1}) instead of R_t = h_t (§2)
     state_detach: bool = False       # stop the gradient along the R chain (§2)
+    gate_bias_prob: Optional[float] = None  # gate biases b_r = b_x = logit(p) (S5: 0.5 -> 0); None = Linear default (FineWeb)
+    gate_weight_gain: float = 1.0    # xavier-normal gain of A_r, A_x (FineWeb and S5 1.0, the reference's SFT tasks 1e-2)
 
     def __post_init__(self):
         if self.flavour not in ("neox", "llama"):
@@ -357,22 +394,16 @@ class GPTConfig:
             if llama:
                 raise ValueError("flavour 'llama' needs mlp_hidden (the SwiGLU width, e.g. 1536 for SmolLM2-135M)")
             self.mlp_hidden = 4 * self.n_embd
-        for name in ("vocab_size", "block_size", "n_head", "n_kv_head", "n_embd", "mlp_hidden"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
+        check_ranges(self, GPT_RANGES)
         if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
             raise ValueError(f"n_embd ({self.n_embd}) must divide by n_head ({self.n_head}), "
                              f"and n_head by n_kv_head ({self.n_kv_head})")
         if self.layout:
             parse_layout(self.layout)
-        elif self.n_layer < 1:
-            raise ValueError(f"n_layer = {self.n_layer} must be >= 1 (or give a recursive layout like '2+4R2+2')")
         if self.state_mode not in STATE_MODES:
             raise ValueError(f"state_mode {self.state_mode!r} is not one of {', '.join(STATE_MODES)}")
         if self.mesh_trans_router_in not in ("pre", "emb"):
             raise ValueError(f"mesh_trans_router_in {self.mesh_trans_router_in!r} is not one of 'pre', 'emb'")
-        if self.mesh_slots is not None and self.mesh_slots < 2:
-            raise ValueError(f"mesh_slots = {self.mesh_slots} must be >= 2 (slot 0 holds h_emb); default K+3")
         if self.t2mlr:
             self._check_t2mlr()
 
@@ -383,9 +414,9 @@ class GPTConfig:
         if not (0 <= start <= end < self.n_layer):
             raise ValueError(f"l_start = {self.l_start}, l_end = {self.l_end} must give 0 <= l_start <= l_end < "
                              f"n_layer = {self.n_layer} (negative values count from the end)")
-        if self.jacobi_iters < 1 or self.jacobi_grad_iters < 0:
-            raise ValueError(f"jacobi_iters = {self.jacobi_iters} must be >= 1 and jacobi_grad_iters = "
-                             f"{self.jacobi_grad_iters} >= 0")
+        if self.jacobi_grad_iters > self.jacobi_iters:
+            raise ValueError(f"jacobi_grad_iters = {self.jacobi_grad_iters} must be <= jacobi_iters = {self.jacobi_iters}"
+                             f" (b of the D sweeps carry gradient)")
 
     @property
     def depth(self):
@@ -436,9 +467,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        cos, sin = rotary_tables(cfg.n_embd // cfg.n_head, cfg.rope_pct, cfg.rope_theta, cfg.block_size)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.rotary_cache = {}         # (dtype, device) -> (cos, sin) over block_size positions; see rotary()
         self.init_weights()
 
     # ---- initialisation ------------------------------------------------------
@@ -453,8 +482,10 @@ class GPT(nn.Module):
         * MeSH routers: the same small normal and zero bias, NEVER zero weights (zero weights would keep
           the empty slots 1..B-1 identical forever, mesh.md §2.2);
         * the T²MLR gate keeps its reference initialisation (t2mlr.md §1): W_p the PyTorch Linear default;
-          A_r, A_x (C x 2C each) xavier-normal with gain 1, i.e. std sqrt(2/(3C)); biases b_r, b_x the
-          default of a Linear(2C -> C), U(-1/sqrt(2C), 1/sqrt(2C)); θ_r = θ_x = 0 (identity at init).
+          A_r, A_x (C x 2C each) xavier-normal with gain g = gate_weight_gain, i.e. std g·sqrt(2/(3C));
+          biases b_r, b_x = logit(gate_bias_prob) (p clamped to [1e-4, 1 - 1e-4], as the reference does)
+          or, when that is None, the default of a Linear(2C -> C), U(-1/sqrt(2C), 1/sqrt(2C));
+          θ_r = θ_x = 0 (identity at init).
         """
         std = math.sqrt(2 / (5 * self.cfg.n_embd))
         for module in self.modules():
@@ -472,15 +503,21 @@ class GPT(nn.Module):
         if self.gate is not None:
             C = self.cfg.n_embd
             self.gate.proj.reset_parameters()
-            nn.init.normal_(self.gate.gates_x.weight, std=math.sqrt(2 / (3 * C)))
-            nn.init.normal_(self.gate.gates_r.weight, std=math.sqrt(2 / (3 * C)))
-            nn.init.uniform_(self.gate.gates_x.bias, -1 / math.sqrt(2 * C), 1 / math.sqrt(2 * C))
+            gate_std = self.cfg.gate_weight_gain * math.sqrt(2 / (3 * C))
+            nn.init.normal_(self.gate.gates_x.weight, std=gate_std)
+            nn.init.normal_(self.gate.gates_r.weight, std=gate_std)
+            if self.cfg.gate_bias_prob is None:
+                nn.init.uniform_(self.gate.gates_x.bias, -1 / math.sqrt(2 * C), 1 / math.sqrt(2 * C))
+            else:
+                p = min(max(self.cfg.gate_bias_prob, 1e-4), 1 - 1e-4)
+                nn.init.constant_(self.gate.gates_x.bias, math.log(p / (1 - p)))
             self.gate.theta_r.zero_()
             self.gate.theta_x.zero_()
 
     # ---- forward ---------------------------------------------------------------
 
-    def forward(self, idx, targets=None, mode=None, cache: Optional[InferenceCache] = None, probes=None):
+    def forward(self, idx, targets=None, mode=None, cache: Optional[InferenceCache] = None, probes=None,
+                control=None):
         """Logits and loss.
 
         idx: (B, T) token ids; targets: (B, T) ids, -1 = ignored. With `cache`, idx continues the
@@ -488,13 +525,17 @@ class GPT(nn.Module):
         mode (T²MLR only): "jacobi" (parallel training approximation, §3) or "exact" (token-by-token
         recurrence, §4); default "jacobi" in train() and "exact" in eval(). A cache implies exact.
         probes: a dict to fill with the diagnostic states (see `probe_states`), or None.
+        control (T²MLR only; ignored by other models): (B, T) ints, 0 padding, 1 non-recurrent, >= 2
+        recurrent (see recurrent_mask); None = every token recurrent.
         Returns (logits (B, T, V), loss scalar or None). Raises ValueError when the sequence is longer
-        than block_size or mode is unknown.
+        than block_size, mode is unknown or control's shape is not idx's.
         """
         B, T = idx.shape
         pos = cache.length if cache is not None else 0
         if pos + T > self.cfg.block_size:
             raise ValueError(f"sequence of {pos + T} tokens exceeds block_size = {self.cfg.block_size}")
+        if control is not None and control.shape != idx.shape:
+            raise ValueError(f"control has shape {tuple(control.shape)}; it must match idx, {tuple(idx.shape)}")
         h_emb = self.wte(idx) * math.sqrt(self.cfg.n_embd)          # (B, T, C), scaled by sqrt(d) (MeSH §4.1)
         if probes is not None:
             probes.update(states={"h_emb": h_emb}, blocks=[])
@@ -503,9 +544,9 @@ class GPT(nn.Module):
         else:
             mode = mode or ("exact" if cache is not None or not self.training else "jacobi")
             if mode == "jacobi" and cache is None:
-                h = self.jacobi_forward(h_emb, probes)
+                h = self.jacobi_forward(h_emb, control, probes)
             elif mode in ("jacobi", "exact"):
-                h = self.exact_forward(h_emb, cache, probes)
+                h = self.exact_forward(h_emb, control, cache, probes)
             else:
                 raise ValueError(f"mode {mode!r} is not one of 'jacobi', 'exact'")
         if probes is not None:
@@ -513,12 +554,30 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(h))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            # in float32 at least (bf16 logits under autocast), in float64 for a float64 model
+            logits_loss = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            loss = F.cross_entropy(logits_loss.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
+
+    def rotary(self, pos: int, T: int, dtype, device):
+        """Rotary cos/sin tables (T, 1, rot_dim) for positions pos..pos+T-1, for a residual stream of `dtype`.
+
+        The tables are float64 for a float64 model and float32 otherwise (bf16/fp16 activations, e.g.
+        under autocast, rotate against fp32 tables, as apply_rotary casts back). They are computed once
+        per (dtype, device) in that dtype, on the CPU, and cached: not buffers, so `model.to(dtype)`
+        never casts them (a float64 table cast from float32 would carry float32's ~1e-7 error)."""
+        dtype = torch.promote_types(dtype, torch.float32)
+        key = (dtype, device)
+        if key not in self.rotary_cache:
+            cfg = self.cfg
+            tables = rotary_tables(cfg.n_embd // cfg.n_head, cfg.rope_pct, cfg.rope_theta, cfg.block_size, dtype)
+            self.rotary_cache[key] = tuple(t.to(device) for t in tables)
+        cos, sin = self.rotary_cache[key]
+        return cos[pos:pos + T], sin[pos:pos + T]
 
     def run_layers(self, h, layers, pos, caches=None, probes=None, name="layer"):
         """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1, each with its cache (or no caches)."""
-        cos, sin = self.rope_cos[pos:pos + h.shape[1]], self.rope_sin[pos:pos + h.shape[1]]
+        cos, sin = self.rotary(pos, h.shape[1], h.dtype, h.device)
         caches = caches or [None] * len(layers)
         for i, (layer, layer_cache) in enumerate(zip(layers, caches)):
             h_in, h = h, layer(h, cos, sin, layer_cache)
@@ -583,7 +642,7 @@ class GPT(nn.Module):
         layers = list(self.layers)
         return layers[:start], layers[start:end + 1], layers[end + 1:]
 
-    def jacobi_forward(self, h_emb, probes=None):
+    def jacobi_forward(self, h_emb, control=None, probes=None):
         """Parallel T²MLR training pass (t2mlr.md §3, lean form). h_emb (B, T, C) -> top output (B, T, C).
 
         x = lower(h_emb) once. Starting from the state C = 0, D-1 Jacobi sweeps each run the middle
@@ -591,6 +650,8 @@ class GPT(nn.Module):
         of middle + upper uses the last C. C_0 = 0 is exact and every sweep makes one more position
         exact, so positions < D equal exact recurrence (all of them when D >= T).
         Sweeps older than the last b run under no_grad (the same values and gradients as detaching them).
+        control (B, T) or None: only tokens with c > 1 are mixed and merged (see recurrent_mask); the others
+        pass x through and write their raw h, so a non-recurrent prompt is exact after the first sweep.
 
         Departure from the reference (t2mlr.md §3): it warm-starts C from an extra plain pass of the
         middle block. Our first sweep from C = 0 costs the same and already makes positions 0 and 1
@@ -603,23 +664,27 @@ class GPT(nn.Module):
         grad = torch.is_grad_enabled()
         x = self.run_layers(h_emb, lower, 0, probes=probes, name="lower")
         pre = self.gate.precompute(x)                                         # the gate's x half, once
+        recurrent = recurrent_mask(control)                                   # (B, T, 1) or None
         state = torch.zeros_like(x)                                           # C^(0): R_{-1} = 0 everywhere
         for d in range(D - 1):
             with torch.set_grad_enabled(grad and D - 1 - d <= b):
-                h = self.run_layers(self.gate(x, state, pre), middle, 0)      # h^(d+1)
-                state = shift_right(update_state(h, state, cfg.state_residual, cfg.state_detach))
-        x_mixed = self.gate(x, state, pre)                                    # final pass
+                h = self.run_layers(mix_state(self.gate, x, state, pre, recurrent), middle, 0)   # h^(d+1)
+                state = shift_right(write_state(h, state, cfg, recurrent))
+        x_mixed = mix_state(self.gate, x, state, pre, recurrent)              # final pass
         if probes is not None:
             probes["blocks"].append(("gate", x, x_mixed))
         h = self.run_layers(x_mixed, middle, 0, probes=probes, name="middle")
         return self.run_layers(h, upper, 0, probes=probes, name="upper")
 
-    def exact_forward(self, h_emb, cache=None, probes=None):
+    def exact_forward(self, h_emb, control=None, cache=None, probes=None):
         """Exact T²MLR recurrence (t2mlr.md §4). h_emb (B, T, C) -> top output (B, T, C).
 
         Lower layers run in parallel over all T positions, the middle block token by token with its
         own KV cache and the recurrent state R (R_{-1} = 0), the upper layers in parallel again. With
         `cache` (generation), every layer uses its cache and the state continues from cache.state.
+        control (B, T) or None: tokens with c > 1 are mixed and merged, the others pass through and write
+        their raw h. A span where no row is recurrent needs no state, so it goes through the middle block
+        in one parallel chunk (a prompt); recurrent tokens go one at a time.
         """
         cfg = self.cfg
         lower, middle, upper = self.split_stack()
@@ -631,18 +696,37 @@ class GPT(nn.Module):
         a, k = len(lower), len(middle)
         x = self.run_layers(h_emb, lower, pos, cache.layers[:a], probes, "lower")
         gates_x, gamma_r, gamma_x = self.gate.precompute(x)  # the gate's x half for all positions at once
+        recurrent = recurrent_mask(control)                  # (B, T, 1) or None
         state = cache.state if cache.state is not None else x.new_zeros(B, 1, C)
         outputs = []
-        for t in range(T):                                   # the recurrence: one token at a time
-            x_t = self.gate(x[:, t:t + 1], state, (gates_x[:, t:t + 1], gamma_r, gamma_x))
+        for t, end in self.recurrence_chunks(recurrent, T):  # the recurrence: one token (or plain span) at a time
+            chunk = recurrent[:, t:end] if recurrent is not None else None
+            x_t = mix_state(self.gate, x[:, t:end], state, (gates_x[:, t:end], gamma_r, gamma_x), chunk)
             h_t = self.run_layers(x_t, middle, pos + t, cache.layers[a:a + k])
-            state = update_state(h_t, state, cfg.state_residual, cfg.state_detach)
+            state = write_state(h_t[:, -1:], state, cfg, None if chunk is None else chunk[:, -1:])
             outputs.append(h_t)
         cache.state = state
         h = torch.cat(outputs, dim=1)
         if probes is not None:
             probes["blocks"].append(("middle", x, h))
         return self.run_layers(h, upper, pos, cache.layers[a + k:], probes, "upper")
+
+    @staticmethod
+    def recurrence_chunks(recurrent, T):
+        """[(start, end), ...] covering 0..T: one token per step, except that a maximal span in which no row
+        is recurrent is one chunk (its tokens do not read the state, so they can run in parallel)."""
+        if recurrent is None:
+            return [(t, t + 1) for t in range(T)]
+        any_row = recurrent.any(dim=0).view(-1).tolist()     # per position: is some row recurrent?
+        chunks, t = [], 0
+        while t < T:
+            end = t + 1
+            if not any_row[t]:
+                while end < T and not any_row[end]:
+                    end += 1
+            chunks.append((t, end))
+            t = end
+        return chunks
 
     # ---- generation ------------------------------------------------------------
 
@@ -653,34 +737,64 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
                  generator: Optional[torch.Generator] = None):
-        """Continue idx (B, T) by max_new_tokens sampled tokens with the KV cache -> (B, T + max_new_tokens).
+        """Continue idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens).
 
-        temperature 0 = greedy; top_k is clamped to the vocabulary. When the context reaches
-        block_size, the cache is rebuilt from the last block_size // 2 tokens (a sliding window in
-        chunks, so the cost stays linear; T²MLR's state restarts there too).
+        Each token is drawn from the last logits of the model run on the last block_size tokens: exactly
+        what a full recompute over that window gives (T²MLR: the exact recurrence, its state starting
+        at the window's first token). While the sequence fits in block_size, a KV cache makes each step
+        one token of work. Beyond it the window slides by one token per step and every token in it
+        changes position, so every layer's keys and values (and T²MLR's state) change and no cache can
+        be reused exactly: each step is then a full forward over block_size tokens, nanoGPT's cost.
+        (Rebuilding the cache from a shorter window every few steps is cheaper, but it conditions on
+        fewer tokens than block_size, and so picks other tokens.)
+
+        Sampling, see sample_next: temperature 0 = greedy; any temperature > 0 is safe, and one so small
+        that logits / temperature would overflow gives the greedy tokens; top_k None = all tokens,
+        k >= 1 keeps the k most likely (clamped to the vocabulary). Raises ValueError for a negative or
+        NaN temperature and for top_k < 1.
         """
-        cfg = self.cfg
-        context = idx[:, -cfg.block_size:]
+        if not temperature >= 0:                  # also NaN
+            raise ValueError(f"temperature = {temperature} must be >= 0 (0 = greedy)")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k = {top_k} must be >= 1 (the number of most likely tokens to sample from), "
+                             f"or None for all tokens")
+        window = self.cfg.block_size
         cache = self.new_cache()
-        logits, _ = self(context, cache=cache)
-        for _ in range(max_new_tokens):
-            next_logits = logits[:, -1, :].float()
-            if temperature == 0:
-                idx_next = next_logits.argmax(dim=-1, keepdim=True)
-            else:
-                next_logits = next_logits / temperature
-                if top_k is not None:
-                    v, _ = torch.topk(next_logits, min(top_k, next_logits.size(-1)))
-                    next_logits[next_logits < v[:, [-1]]] = -float("inf")
-                probs = F.softmax(next_logits, dim=-1)
-                idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
+        logits, _ = self(idx[:, -window:], cache=cache)
+        for step in range(max_new_tokens):
+            idx_next = self.sample_next(logits[:, -1, :], temperature, top_k, generator)
             idx = torch.cat([idx, idx_next], dim=1)
-            if cache.length == cfg.block_size:
-                cache = self.new_cache()
-                logits, _ = self(idx[:, -(cfg.block_size // 2):], cache=cache)
-            else:
+            if step == max_new_tokens - 1:
+                break
+            if idx.shape[1] <= window:            # the cache holds all of idx: feed the new token only
                 logits, _ = self(idx_next, cache=cache)
+            else:                                 # the window slid: recompute it (exact T²MLR, no cache)
+                logits, _ = self(idx[:, -window:], mode="exact")
         return idx
+
+    @staticmethod
+    def sample_next(logits, temperature: float, top_k: Optional[int] = None,
+                    generator: Optional[torch.Generator] = None):
+        """One token per row from next-token logits (B, V) -> (B, 1) ids.
+
+        temperature 0: the argmax (the first of exact ties). temperature > 0: a draw from
+        softmax((logits - max) / temperature), in float32 at least (float64 for float64 logits).
+        Subtracting the max first keeps every scaled logit <= 0 with the maximum at exactly 0, so no
+        temperature overflows: as it goes to 0 the distribution becomes one-hot on the argmax (shared
+        evenly by exact ties), and a temperature so small that the division underflows or overflows
+        (1e-40, 1e-320) gives just that, the greedy token; temperature = inf is uniform over the kept
+        tokens. top_k: None keeps every token, k >= 1 the k largest logits (all of them when k >= V;
+        tokens tied with the k-th are kept too).
+        """
+        if temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        diff = logits - logits.amax(dim=-1, keepdim=True)                # <= 0, exactly 0 at the maximum
+        scaled = torch.where(diff == 0, diff, diff / temperature)        # never NaN, even if temperature -> 0 in this dtype
+        if top_k is not None and top_k < logits.size(-1):
+            kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+            scaled = scaled.masked_fill(logits < kth, -math.inf)
+        return torch.multinomial(F.softmax(scaled, dim=-1), num_samples=1, generator=generator)
 
     # ---- accounting and optimizer ----------------------------------------------
 
@@ -773,9 +887,8 @@ def summary(cfg: GPTConfig) -> str:
 if __name__ == "__main__":
     import sys
     from configurator import ConfigError, load_config
-    from train import TrainConfig             # config files hold training keys too
-    try:
-        model_cfg, _ = load_config(sys.argv[1:], GPTConfig, TrainConfig)
+    try:   # config files hold training keys too: skipped here (train.py checks them), so train.py is not imported
+        (model_cfg,), _ = load_config(sys.argv[1:], GPTConfig, skip_unknown=True)
     except (ConfigError, ValueError) as e:
         sys.exit(f"error: {e}")
     print(summary(model_cfg))

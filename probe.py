@@ -328,7 +328,12 @@ def main(argv=None):
     p.add_argument("--device", default="cpu", help="default cpu; the probe runs in fp32 either way")
     args = p.parse_args(argv)
     model, ckpt = load_model(args.checkpoint, args.device)
-    seq_len = args.seq_len or model.cfg.block_size
+    seq_len = model.cfg.block_size if args.seq_len is None else args.seq_len
+    if not 2 <= seq_len <= model.cfg.block_size:     # CKA centres over the tokens: one token leaves nothing
+        raise RunError(f"--seq_len {seq_len} must be in [2, block_size = {model.cfg.block_size}] (CKA compares "
+                       f"tokens, so it needs at least 2)")
+    if args.num_seqs < 1 or args.batch_size < 1:
+        raise RunError(f"--num_seqs {args.num_seqs} and --batch_size {args.batch_size} must be >= 1")
     seqs, data_dir, overlap = validation_sequences(ckpt, args.num_seqs, seq_len, args.data_dir)
     title = f"{describe(model.cfg)}; {args.num_seqs} val seqs × {seq_len} tokens"
     print(f"probing {args.checkpoint}: {title} from {data_dir}" + (" (windows overlap: the val split is short)" if overlap else ""))

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from configurator import ConfigError, load_config
+from configurator import ConfigError, check_ranges, load_config
 from prepare_data import DataError, get_tokenizer
 from train import RunError, autocast_context, load_model, resolve_device, resolve_dtype
 
@@ -31,17 +31,19 @@ class SampleConfig:
     dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), 'float32', 'bfloat16', 'float16'
 
     def __post_init__(self):
-        if self.num_samples < 1 or self.max_new_tokens < 0 or self.temperature < 0:
-            raise ValueError(f"need num_samples >= 1, max_new_tokens >= 0 and temperature >= 0; got "
-                             f"{self.num_samples}, {self.max_new_tokens}, {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k = {self.top_k} must be >= 1 or None")
+        check_ranges(self, SAMPLE_RANGES)
+
+
+# The valid range of every numeric field of SampleConfig (configurator.check_ranges: None passes, nan and
+# inf never). seed: what torch.Generator.manual_seed accepts.
+SAMPLE_RANGES = {"num_samples": ">= 1", "max_new_tokens": ">= 0", "temperature": ">= 0", "top_k": ">= 1",
+                 "seed": "[0, 18446744073709551615]"}
 
 
 def main(argv):
     """Print num_samples continuations of the prompt. Raises ConfigError, RunError (bad checkpoint or prompt
     file) or DataError (the tokenizer cannot load)."""
-    (cfg,) = load_config(argv, SampleConfig)
+    (cfg,), _ = load_config(argv, SampleConfig)
     device = resolve_device(cfg.device)
     device_type = device.split(":")[0]
     autocast = autocast_context(device_type, resolve_dtype(cfg.dtype, device_type))
@@ -64,11 +66,10 @@ def main(argv):
         print(f"prompt has {len(ids)} tokens; keeping its last block_size = {model_cfg.block_size}", file=sys.stderr)
         ids = ids[-model_cfg.block_size:]
     idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
-    top_k = None if cfg.top_k is None else min(cfg.top_k, model_cfg.vocab_size)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
 
     with autocast:
-        out = model.generate(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=top_k, generator=generator)
+        out = model.generate(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, generator=generator)
     for row in out.tolist():
         # ids >= the tokenizer's vocabulary are padding rows of the embedding, never seen in training; drop
         # them so decoding cannot fail on an untrained model

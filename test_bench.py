@@ -4,6 +4,10 @@ checking that bench.json has every key the README table reads. Run: python -m py
 """
 
 import json
+import weakref
+from contextlib import nullcontext
+
+import torch
 
 import bench
 
@@ -22,3 +26,56 @@ def test_bench_runs_and_writes_every_key(tmp_path, capsys):
     assert set(r["targets"]) == {"t2mlr_jacobi", "t2mlr_decode", "t2mlr_prefill", "mesh_vs_base", "vanilla_mfu"}
     assert r["prefill"]["tokens"] == [4, 64] and r["matmul_peak_flops"] > 0
     assert "| vanilla |" in capsys.readouterr().out
+
+
+class LinearChain(torch.nn.Module):
+    """L x (Linear(d, d), tanh); loss = sum of the output. Autograd saves the input x and every tanh output
+    (each next Linear saves the same tensor as its input; weights are parameters; sum saves nothing): by
+    hand, (L + 1) * B * d * 4 bytes. `dead` graphs are built first and discarded (tanh of the first layer)."""
+
+    def __init__(self, L=3, d=64, dead=0):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(L))
+        self.dead, self.discarded = dead, []
+
+    def forward(self, x, y):
+        for _ in range(self.dead):
+            self.discarded.append(weakref.ref(torch.tanh(self.layers[0](x))))   # never used: backward never visits it
+        h = x
+        for layer in self.layers:
+            h = torch.tanh(layer(h))
+        return h, h.sum()
+
+
+def chain_memory(dead):
+    torch.manual_seed(0)
+    model = LinearChain(dead=dead)
+    optimizer = torch.optim.AdamW(model.parameters())
+    x = torch.randn(32, 64)
+    return bench.train_memory_mb(model, optimizer, x, None, "cpu", nullcontext()), model
+
+
+def test_memory_figure_counts_a_linear_chain_by_hand():
+    (memory, activations), model = chain_memory(dead=0)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert activations * 2**20 == (3 + 1) * 32 * 64 * 4
+    assert memory * 2**20 == (3 + 1) * 32 * 64 * 4 + 16 * n_params
+
+
+def test_discarded_graphs_neither_count_nor_stay_alive():
+    """Graphs built and discarded during the step (5 of them, each holding a 32 x 64 tanh output) leave the
+    figure exactly that of a fresh measurement, and are freed: the meter's hook must not keep them alive."""
+    fresh, _ = chain_memory(dead=0)
+    (memory, activations), model = chain_memory(dead=5)
+    assert (memory, activations) == fresh
+    assert len(model.discarded) == 5 and all(ref() is None for ref in model.discarded)
+
+
+def test_meter_releases_what_backward_used():
+    """After backward nothing is held any more (live 0), and the peak is what was held when backward began."""
+    model = LinearChain()
+    with bench.SavedTensorMeter(exclude=model.parameters()) as meter:
+        _, loss = model(torch.randn(8, 64), None)
+    assert meter.live == meter.peak == 4 * 8 * 64 * 4
+    loss.backward()
+    assert meter.live == 0 and meter.peak == 4 * 8 * 64 * 4

@@ -4,21 +4,30 @@ with ONE line on stderr, `error: ...`, naming the bad value and what would be va
 existing output (a trained run's ckpt.pt and log.jsonl, the prepared data) byte for byte as it was.
 
 The cases run as subprocesses, four at a time, once per module (about 20 s on 2 cores).
+Below them, in process: every numeric field of GPTConfig, TrainConfig and SampleConfig against its range
+(a bad value is refused naming the field, a boundary value is accepted).
 
     python -m pytest -q test_errors.py
 """
 
+import dataclasses
 import hashlib
 import json
+import math
 import re
 import shutil
 import subprocess
 import sys
+import typing
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from configurator import ConfigError, load_config
+from model import GPTConfig
+from sample import SampleConfig
 from test_train import ROOT, TINY, run, write_dataset
+from train import TrainConfig
 
 # case -> (script, arguments, a regex the one stderr line must match after "error: ")
 T2MLR = ["--flavour=llama", "--mlp_hidden=64", "--t2mlr=True"]
@@ -38,6 +47,12 @@ CASES = {
     "mesh_slots < 2": ("train.py", ["--layout=1+1R2+1", "--state_mode=mesh", "--mesh_slots=1"],
                        r"mesh_slots = 1 must be >= 2"),
     "block_size < 1": ("train.py", ["--block_size=0"], r"block_size = 0 must be >= 1"),
+    "rope_pct > 1": ("train.py", [f"{ROOT}/config/tiny_vanilla.py", "--rope_pct=1.5"], r"rope_pct = 1\.5 must be in \[0, 1\] or None"),
+    "rope_pct < 0": ("train.py", ["--rope_pct=-0.25"], r"rope_pct = -0\.25 must be in \[0, 1\] or None"),
+    "rope_theta inf": ("train.py", ["--rope_theta=1e999"], r"rope_theta = inf must be finite and > 0"),
+    "beta2 = 1": ("train.py", ["--beta2=1.0"], r"beta2 = 1\.0 must be in \[0, 1\)"),
+    "sample: temperature < 0": ("sample.py", ["--out_dir=run", "--temperature=-0.5"],
+                                r"temperature = -0\.5 must be >= 0"),
     "batch not divisible": ("train.py", ["--total_batch_size=1000"],
                             r"total_batch_size = 1000 tokens is not a multiple of batch_size \* block_size \* "
                             r"world_size = 4 \* 32 \* 1 = 128"),
@@ -52,8 +67,7 @@ CASES = {
                                  r"vocab_size 70000 does not fit uint16 tokens \(ids up to 65535\); re-run `python "
                                  r"prepare_data\.py"),
     "another architecture": ("train.py", ["--init_from=resume", "--n_embd=64"],
-                             r"the model config differs from the checkpoint's in n_embd \(given 64, checkpoint 32\), mlp_hidden "
-                             r"\(given 256, checkpoint 128\); "
+                             r"the model config differs from the checkpoint's in n_embd \(given 64, checkpoint 32\); "
                              r"tensor shapes \(checkpoint vs given\): wte\.weight \(320, 32\) vs \(320, 64\), .* more"),
     "scratch over a run": ("train.py", [], r"run/ckpt\.pt exists: continue it with --init_from=resume, or choose "
                                           r"another out_dir"),
@@ -124,3 +138,80 @@ def test_errors_overwrite_nothing(results):
     _, before, after = results
     assert "run/ckpt.pt" in before and "data/in/meta.json" in before and "data/fox/train.bin" in before
     assert after == before                            # no file written, removed or touched by any case
+
+
+# -----------------------------------------------------------------------------
+# The range of every numeric config field: (class, field, bad values, valid boundary values, other fields)
+
+NAN, INF = math.nan, math.inf
+T2 = dict(t2mlr=True)
+RANGE_CASES = [
+    (GPTConfig, "vocab_size", [0], [1], {}),
+    (GPTConfig, "block_size", [0, -1], [1], {}),
+    (GPTConfig, "n_layer", [0], [1], {}),
+    (GPTConfig, "n_head", [0], [1], {}),
+    (GPTConfig, "n_kv_head", [0], [1], {}),
+    (GPTConfig, "n_embd", [0], [1], dict(n_head=1)),
+    (GPTConfig, "mlp_hidden", [0], [1], {}),
+    (GPTConfig, "rope_theta", [0.0, -1.0, INF, NAN], [1e-9], {}),
+    (GPTConfig, "rope_pct", [1.5, -0.25, 1.0001, NAN], [0.0, 1.0], {}),
+    (GPTConfig, "norm_eps", [0.0, -1e-5, NAN], [1e-12], {}),
+    (GPTConfig, "mesh_slots", [1, 0], [2], dict(layout="1+1R2+1", state_mode="mesh")),
+    (GPTConfig, "jacobi_iters", [0], [1], dict(T2, jacobi_grad_iters=1)),
+    (GPTConfig, "jacobi_grad_iters", [-1], [0], T2),
+    (GPTConfig, "gate_bias_prob", [0.0, 1.0, NAN], [1e-6, 1 - 1e-6], T2),
+    (GPTConfig, "gate_weight_gain", [0.0, INF], [1e-6], T2),
+    (TrainConfig, "eval_interval", [0], [1], {}),
+    (TrainConfig, "eval_iters", [0], [1], {}),
+    (TrainConfig, "log_interval", [0], [1], {}),
+    (TrainConfig, "total_batch_size", [0], [1], {}),
+    (TrainConfig, "batch_size", [0], [1], {}),
+    (TrainConfig, "max_iters", [-1], [0], {}),
+    (TrainConfig, "lr_decay_iters", [0], [1], {}),
+    (TrainConfig, "learning_rate", [-1e-3, NAN, INF], [0.0], dict(min_lr=0.0)),
+    (TrainConfig, "min_lr", [-1e-5, NAN], [0.0], {}),
+    (TrainConfig, "warmup_iters", [-1], [0], {}),
+    (TrainConfig, "weight_decay", [-0.1, INF], [0.0], {}),
+    (TrainConfig, "beta1", [1.0, -0.1, NAN], [0.0, 0.999], {}),
+    (TrainConfig, "beta2", [1.0, 1.5], [0.0, 0.999], {}),
+    (TrainConfig, "grad_clip", [-1.0, NAN], [0.0], {}),
+    (TrainConfig, "seed", [-1, 2 ** 32], [0, 2 ** 32 - 1], {}),
+    (TrainConfig, "peak_flops", [0.0, -1.0, INF], [1.0], {}),
+    (SampleConfig, "num_samples", [0], [1], {}),
+    (SampleConfig, "max_new_tokens", [-1], [0], {}),
+    (SampleConfig, "temperature", [-0.1, NAN, INF], [0.0], {}),
+    (SampleConfig, "top_k", [0], [1], {}),
+    (SampleConfig, "seed", [-1, 2 ** 64], [0, 2 ** 64 - 1], {}),
+]
+# numeric fields that take any value on their own: negative layer indices count from the end, and
+# GPTConfig._check_t2mlr checks them against n_layer
+ANY_VALUE = {(GPTConfig, "l_start"), (GPTConfig, "l_end")}
+
+
+def numeric_fields(cls):
+    """The int and float fields of a dataclass, Optional ones included (bool is not numeric here)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name for f in dataclasses.fields(cls) if {int, float} & set(typing.get_args(hints[f.name]) or [hints[f.name]])}
+
+
+@pytest.mark.parametrize("cls", [GPTConfig, TrainConfig, SampleConfig])
+def test_every_numeric_field_has_a_range_case(cls):
+    covered = {name for c, name, *_ in RANGE_CASES if c is cls} | {name for c, name in ANY_VALUE if c is cls}
+    assert numeric_fields(cls) == covered
+
+
+@pytest.mark.parametrize("cls, name, bad, good, others", RANGE_CASES, ids=[f"{c.__name__}.{n}" for c, n, *_ in RANGE_CASES])
+def test_numeric_field_out_of_range_is_refused(cls, name, bad, good, others):
+    for value in bad:
+        with pytest.raises(ValueError, match=f"^{name} = {re.escape(repr(value))} must be "):
+            cls(**{**others, name: value})
+    for value in good:
+        assert getattr(cls(**{**others, name: value}), name) == value
+
+
+def test_out_of_range_reaches_the_user_as_a_config_error(tmp_path):
+    (tmp_path / "nan.py").write_text("rope_theta = float('nan')\n")
+    with pytest.raises(ConfigError, match=r"^rope_theta = nan must be finite and > 0$"):
+        load_config([str(tmp_path / "nan.py")], GPTConfig, TrainConfig)
+    with pytest.raises(ConfigError, match=r"^jacobi_grad_iters = 5 must be <= jacobi_iters = 4"):
+        load_config(["--t2mlr=True", "--jacobi_iters=4", "--jacobi_grad_iters=5"], GPTConfig, TrainConfig)

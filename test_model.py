@@ -5,6 +5,8 @@ accounting, generation and the `python model.py config/x.py` summary.
 Run: python -m pytest -q test_model.py
 """
 
+import dataclasses
+import difflib
 import math
 import subprocess
 import sys
@@ -132,7 +134,8 @@ def test_generate_greedy_matches_argmax_of_full_forward():
 
 
 def test_generate_beyond_block_size_and_top_k():
-    """Generation continues past block_size (the cache is rebuilt) and top_k=1 equals greedy; top_k > vocab is clamped."""
+    """Generation continues past block_size (each step then recomputes the last block_size tokens) and top_k=1
+    equals greedy; top_k > vocab is clamped."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY, n_layer=2)).eval()
     idx = torch.randint(0, 64, (1, 40))                          # longer than block_size 32: cropped
@@ -171,6 +174,42 @@ def test_summary_cli_prints_paper_counts():
     assert bad.returncode != 0 and "'2+4R0+2'" in bad.stderr
 
 
+@pytest.mark.parametrize("config, lines", [
+    # 8 LLaMA layers of 4·128² + 3·128·512 + 2·128, a final norm; the gate 5·128² + 2·128 + 2; embedding 320·128
+    ("config/tiny_t2mlr.py", ["non-embedding      2,099,328", "total params       2,222,466",
+                              "T²MLR gate params  82,178 (layers 2..5, D=16, b=4)"]),
+    ("config/mesh_160m.py", ["non-embedding      56,704,512", "router params      23,070 (+5 slots, 3 steps)"]),
+])
+def test_summary_cli_does_not_import_train(config, lines):
+    """`python model.py config/x.py` reads the model keys and skips the training keys of the file without
+    importing train.py (which imports model.py)."""
+    code = (f"import runpy, sys; sys.argv = ['model.py', {config!r}]; runpy.run_path('model.py', run_name='__main__');"
+            "print('train imported' if 'train' in sys.modules else 'train not imported')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "train not imported"
+    for line in lines:
+        assert line in out.stdout.splitlines()
+
+
+def test_summary_cli_still_reports_a_misspelled_model_key():
+    """Training keys are skipped, a near miss of a model key is still an error (configurator's skip_unknown)."""
+    args = [sys.executable, "model.py", "config/tiny_mesh.py", "--batch_size=8", "--learning_rate=1e-3"]
+    assert subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120).returncode == 0
+    bad = subprocess.run(args + ["--n_layers=4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1
+    assert bad.stderr == "error: unknown config key 'n_layers' in command line (did you mean 'n_layer'?)\n"
+
+
+def test_no_training_key_passes_for_a_misspelled_model_key():
+    """skip_unknown reports a key within difflib ratio 0.8 of a GPTConfig field as a typo: no TrainConfig key
+    may be that close, or `python model.py` would refuse every config file that sets it."""
+    from train import TrainConfig
+    model_keys = [f.name for f in dataclasses.fields(GPTConfig)]
+    near = {f.name: difflib.get_close_matches(f.name, model_keys, n=1, cutoff=0.8) for f in dataclasses.fields(TrainConfig)}
+    assert {key: match for key, match in near.items() if match} == {}
+
+
 def test_t2mlr_gate_initialisation():
     """Reference init (t2mlr.md §1): θ = 0 (identity), A_r/A_x xavier-normal gain 1 = std sqrt(2/(3C)),
     biases U(±1/sqrt(2C)), W_p the Linear default U(±1/sqrt(C)); 5C² + 2C + 2 parameters."""
@@ -195,12 +234,146 @@ def test_rotary_is_a_relative_position_encoding():
     torch.manual_seed(0)
     q, k = torch.randn(1, 1, 1, 16, dtype=torch.float64), torch.randn(1, 1, 1, 16, dtype=torch.float64)
     for pct in (1.0, 0.25):
-        cos, sin = (t.double() for t in rotary_tables(16, pct, 10000.0, 40))
+        cos, sin = rotary_tables(16, pct, 10000.0, 40, torch.float64)    # float64 from the start: exact to ~1e-16
         rot = lambda x, p: apply_rotary(x, cos[p:p + 1], sin[p:p + 1])
         score = lambda m, n: (rot(q, m) * rot(k, n)).sum()
-        assert torch.allclose(score(7, 3), score(30, 26)) and torch.allclose(score(0, 9), score(11, 20))
+        close = lambda a, b: (a - b).abs().max() <= 1e-13
+        assert close(score(7, 3), score(30, 26)) and close(score(0, 9), score(11, 20))
         assert not torch.allclose(score(7, 3), score(7, 4))
         assert torch.equal(rot(q, 0), q)
         r = cos.shape[-1]
-        assert torch.allclose(rot(q, 13)[..., :r].norm(), q[..., :r].norm())
+        assert close(rot(q, 13)[..., :r].norm(), q[..., :r].norm())
         assert torch.equal(rot(q, 13)[..., r:], q[..., r:])
+
+
+def test_gate_initialisation_options():
+    """gate_bias_prob p sets b_r = b_x = logit(p) (S5: p = 0.5 -> 0); gate_weight_gain scales the xavier std
+    sqrt(2/(3C)) of A_r, A_x; the default keeps the Linear's uniform biases."""
+    C = 128
+    base = dict(vocab_size=64, block_size=16, n_embd=C, n_head=4, flavour="llama", mlp_hidden=64, n_layer=2,
+                t2mlr=True)
+    torch.manual_seed(0)
+    half = GPT(GPTConfig(**base, gate_bias_prob=0.5)).gate
+    assert torch.equal(half.gates_x.bias, torch.zeros(2 * C))
+    skewed = GPT(GPTConfig(**base, gate_bias_prob=0.9)).gate
+    assert torch.allclose(skewed.gates_x.bias, torch.full((2 * C,), math.log(9.0)))
+    default = GPT(GPTConfig(**base)).gate
+    assert default.gates_x.bias.std() > 0 and default.gates_x.bias.abs().max() <= 1 / math.sqrt(2 * C)
+    for gain in (1.0, 1e-2):
+        gate = GPT(GPTConfig(**base, gate_weight_gain=gain)).gate
+        std = torch.cat([gate.gates_x.weight.flatten(), gate.gates_r.weight.flatten()]).std().item()
+        assert std == pytest.approx(gain * math.sqrt(2 / (3 * C)), rel=0.02), gain
+
+
+@pytest.mark.parametrize("flavour", [dict(), dict(flavour="llama", mlp_hidden=64)])
+def test_rope_pct_zero_is_nope(flavour):
+    """rope_pct = 0 is no positional encoding: one causal attention layer without positions is blind to the
+    order of the earlier tokens, so the last position's logits survive any permutation of the prefix; with
+    rotary they do not. (Deeper NoPE stacks do see order, through the causal mask of the layers below.)"""
+    torch.manual_seed(0)
+    idx = torch.randint(0, 64, (1, 12))
+    shuffled = torch.cat([idx[:, :-1][:, torch.randperm(11)], idx[:, -1:]], dim=1)
+    for rope_pct, invariant in ((0.0, True), (1.0, False)):
+        model = GPT(GPTConfig(**TINY, **flavour, n_layer=1, rope_pct=rope_pct)).double().eval()
+        a, b = model(idx)[0][0, -1], model(shuffled)[0][0, -1]
+        assert ((a - b).abs().max() <= 1e-12) == invariant, rope_pct
+
+
+# -----------------------------------------------------------------------------
+# Generation at the edges: tiny windows, extreme sampling settings
+
+def greedy_by_full_recompute(model, idx, n):
+    """The slow obvious reference: each step runs the model without cache on the last block_size tokens
+    (T²MLR in eval: the exact recurrence, from R = 0 at the window's first token) and takes the argmax."""
+    for _ in range(n):
+        logits, _ = model(idx[:, -model.cfg.block_size:])
+        idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return idx
+
+
+GENERATE_VARIANTS = {"vanilla": dict(n_layer=2),
+                     "mesh": dict(layout="1+1R2+1", state_mode="mesh"),
+                     "t2mlr": dict(flavour="llama", mlp_hidden=48, n_layer=3, t2mlr=True, l_start=1, l_end=1)}
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("variant", list(GENERATE_VARIANTS))
+def test_generate_equals_full_recompute_over_the_window(variant, block_size):
+    """Greedy generate() = the argmax of a full recompute over the last block_size tokens at every step, for
+    prompts shorter than, as long as and longer than the window, far past block_size (float64: no ties).
+    block_size 1 used to crash (a window of block_size // 2 = 0 tokens sliced the whole sequence)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**dict(TINY, block_size=block_size), **GENERATE_VARIANTS[variant])).double().eval()
+    if model.gate is not None:
+        with torch.no_grad():
+            model.gate.theta_r.fill_(0.5)          # the recurrence is active
+    for T in (1, block_size, block_size + 2):
+        idx = torch.randint(0, 64, (2, T))
+        out = model.generate(idx, 3 * block_size + 2, temperature=0)
+        assert torch.equal(out, greedy_by_full_recompute(model, idx, 3 * block_size + 2)), T
+
+
+def test_generate_block_size_1_from_the_issue():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, block_size=1, n_layer=2, n_head=2, n_embd=16)).eval()
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    assert torch.equal(model.generate(idx, 4, temperature=0), greedy_by_full_recompute(model, idx, 4))
+
+
+def test_sampling_at_extreme_settings():
+    """A temperature so small that logits / temperature overflow gives exactly the greedy tokens (it used to
+    crash: "probability tensor contains inf/nan"); top_k = 1 is greedy; top_k >= vocab is all tokens;
+    bad values raise ValueError naming them."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, n_layer=2)).eval()
+    idx = torch.randint(0, 64, (2, 5))
+    greedy = model.generate(idx, 40, temperature=0)              # past block_size 32 as well
+    for temperature in (1e-40, 1e-320, 5e-324):
+        assert torch.equal(model.generate(idx, 40, temperature=temperature, generator=torch.Generator()), greedy)
+    assert torch.equal(model.generate(idx, 40, temperature=1.0, top_k=1, generator=torch.Generator()), greedy)
+    model64 = GPT(GPTConfig(**TINY, n_layer=2)).double().eval()
+    assert torch.equal(model64.generate(idx, 10, temperature=1e-300), model64.generate(idx, 10, temperature=0))
+    draw = lambda top_k: model.generate(idx, 10, temperature=1.0, top_k=top_k, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(draw(None), draw(64)) and torch.equal(draw(None), draw(10 ** 6))
+    for bad, message in ((dict(temperature=-0.5), "temperature = -0.5 must be >= 0"),
+                         (dict(temperature=float("nan")), "temperature = nan must be >= 0"),
+                         (dict(top_k=0), "top_k = 0 must be >= 1"), (dict(top_k=-3), "top_k = -3 must be >= 1")):
+        with pytest.raises(ValueError, match=message):
+            model.generate(idx, 1, **bad)
+
+
+def test_sample_next_on_hand_made_logits():
+    """Ties, tiny and infinite temperatures, top_k, in float32, bfloat16 and float64."""
+    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0]])
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        for temperature in (0, 1e-46, 1e-40, 5e-324):
+            assert GPT.sample_next(logits.to(dtype), temperature).item() == 1
+    g = torch.Generator().manual_seed(0)
+    draws = [GPT.sample_next(logits, float("inf"), top_k=2, generator=g).item() for _ in range(2000)]
+    assert set(draws) == {1, 2} and 900 < draws.count(1) < 1100     # uniform over the 2 kept tokens
+    tied = torch.tensor([[5.0, 1.0, 5.0]])
+    draws = [GPT.sample_next(tied, 1e-30, generator=g).item() for _ in range(2000)]
+    assert set(draws) == {0, 2} and 900 < draws.count(0) < 1100     # exact ties share the limit evenly
+
+
+def test_float64_model_has_float64_rotary_tables_and_loss():
+    """The rotary tables of a float64 model are computed in float64 (not cast from float32: ~1e-7 off), and
+    its loss is a float64 cross-entropy; a float32 model keeps float32 tables, and bf16 activations use them."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, flavour="llama", mlp_hidden=48, n_layer=2)).double()
+    cos, sin = model.rotary(0, 32, torch.float64, torch.device("cpu"))
+    hs = TINY["n_embd"] // TINY["n_head"]
+    inv_freq = 10000.0 ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+    angles = torch.arange(32, dtype=torch.float64)[:, None] * inv_freq
+    assert cos.dtype == sin.dtype == torch.float64
+    assert (cos[:, 0] - torch.cat([angles.cos(), angles.cos()], -1)).abs().max() <= 1e-15
+    assert (sin[:, 0] - torch.cat([-angles.sin(), angles.sin()], -1)).abs().max() <= 1e-15
+    assert torch.equal(model.rotary(3, 5, torch.float64, torch.device("cpu"))[0], cos[3:8])
+    assert model.rotary(0, 4, torch.bfloat16, torch.device("cpu"))[0].dtype == torch.float32
+    idx, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    targets[0, :3] = -1                                           # ignored positions
+    logits, loss = model(idx, targets)
+    log_probs = logits - logits.exp().sum(-1, keepdim=True).log()
+    keep = targets >= 0
+    expected = -log_probs[keep].gather(-1, targets[keep][:, None]).mean()
+    assert loss.dtype == torch.float64 and (loss - expected).abs() <= 1e-12

@@ -140,3 +140,18 @@ def test_probe_command_line_writes_json_and_figures(tmp_path, variant):
     pytest.importorskip("matplotlib")
     for name in ("skew", "cka", "spectra"):
         assert (out / f"probe_{name}.png").stat().st_size > 1000
+
+
+def test_probe_sequence_lengths_at_the_edges(tmp_path):
+    """--seq_len 2, the fewest tokens CKA can centre, works (self-CKA 1); 1 (a zero centred Gram matrix), 0
+    (once silently block_size) and more than block_size are refused in one line naming the value and the
+    range, as is --num_seqs 0."""
+    path = write_checkpoint(tmp_path, VARIANTS["vanilla"])
+    result = probe.main([str(path), "--num_seqs", "3", "--seq_len", "2", "--out", str(tmp_path / "probe")])
+    assert result["seq_len"] == 2 and np.allclose(np.diag(np.array(result["cka"]["rbf"])), 1)
+    for args, message in ((["--seq_len", "1"], r"--seq_len 1 must be in \[2, block_size = 32\] \(CKA"),
+                          (["--seq_len", "0"], r"--seq_len 0 must be in \[2, block_size = 32\]"),
+                          (["--seq_len", "33"], r"--seq_len 33 must be in \[2, block_size = 32\]"),
+                          (["--num_seqs", "0"], r"--num_seqs 0 and --batch_size 8 must be >= 1")):
+        with pytest.raises(probe.RunError, match=message):
+            probe.main([str(path), *args, "--out", str(tmp_path / "bad")])

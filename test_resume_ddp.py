@@ -127,7 +127,7 @@ def test_ddp_equals_one_process(runs):
 def test_every_parameter_gets_a_gradient(arch):
     """What lets train.py wrap the model in DDP without find_unused_parameters (the DDP runs above would also
     fail on their second step if a parameter got no gradient)."""
-    model_cfg, _ = load_config([*ARGS, *ARCHS[arch]], GPTConfig, TrainConfig)
+    (model_cfg, _), _ = load_config([*ARGS, *ARCHS[arch]], GPTConfig, TrainConfig)
     torch.manual_seed(0)
     model = GPT(model_cfg)
     x = torch.randint(0, 257, (2, model_cfg.block_size))

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from configurator import ConfigError, changed_fields, load_config
+from configurator import ConfigError, given_values, load_config
 from model import GPT, GPTConfig
 from sample import SampleConfig
 from train import (RunError, TrainConfig, get_batch, get_lr, grad_accum_steps, load_checkpoint, load_meta,
@@ -34,7 +34,9 @@ TINY = ["--n_layer=2", "--n_embd=32", "--n_head=2", "--block_size=32", "--vocab_
 
 
 def load(*argv):
-    return load_config(list(argv), GPTConfig, TrainConfig)
+    """(GPTConfig, TrainConfig, the set of keys given) from config files and --key=value arguments."""
+    (model_cfg, cfg), given = load_config(list(argv), GPTConfig, TrainConfig)
+    return model_cfg, cfg, given
 
 
 def write_dataset(folder, train_tokens=6000, val_tokens=800, seed=0):
@@ -70,20 +72,32 @@ def test_config_file_then_command_line(tmp_path):
     path = tmp_path / "cfg.py"
     path.write_text("import math\n_scratch = 7\nbatch_size = 2 * math.floor(2.5)\nn_embd = 64\nn_head = 4\n"
                     "learning_rate = 1\nlayout = '2+2R2+2'\n")
-    model_cfg, cfg = load(str(path), "--batch_size=8", "--out_dir=a=b", "--dataset=123")
+    model_cfg, cfg, given = load(str(path), "--batch_size=8", "--out_dir=a=b", "--dataset=123")
     assert cfg.batch_size == 8                        # the command line wins over the file
     assert cfg.learning_rate == 1.0 and type(cfg.learning_rate) is float   # int -> float
     assert cfg.out_dir == "a=b"                       # split on the first '='
     assert cfg.dataset == "123"                       # a string field keeps literal-looking text
     assert model_cfg.layout == "2+2R2+2" and model_cfg.n_embd == 64
     assert model_cfg.mlp_hidden == 256                # 4 * the NEW n_embd: defaults re-resolved, not copied
-    assert changed_fields(cfg) == {"batch_size": 8, "out_dir": "a=b", "dataset": "123", "learning_rate": 1.0}
+    assert given == {"batch_size", "n_embd", "n_head", "learning_rate", "layout", "out_dir", "dataset"}
+    assert given_values(given, cfg) == {"out_dir": "a=b", "dataset": "123", "batch_size": 8, "learning_rate": 1.0}
+
+
+def test_given_records_keys_whose_value_equals_the_default(tmp_path):
+    """A key set to its default value was still given: load_config records it, never infers it from the value."""
+    path = tmp_path / "cfg.py"
+    path.write_text("n_layer = 12\nwarmup_iters = 200\n")          # both equal the defaults
+    model_cfg, cfg, given = load(str(path), "--learning_rate=6e-4", "--max_iters=5000")
+    assert given == {"n_layer", "warmup_iters", "learning_rate", "max_iters"}
+    assert given_values(given, model_cfg, cfg) == {"n_layer": 12, "max_iters": 5000, "learning_rate": 6e-4,
+                                                   "warmup_iters": 200}
+    assert load()[2] == set()
 
 
 def test_bool_and_none_parsing():
-    _, cfg = load("--compile=true", "--progress=False", "--peak_flops=None")
+    _, cfg, _ = load("--compile=true", "--progress=False", "--peak_flops=None")
     assert cfg.compile is True and cfg.progress is False and cfg.peak_flops is None
-    _, cfg = load("--compile=None", "--progress=false", "--peak_flops=3e14")
+    _, cfg, _ = load("--compile=None", "--progress=false", "--peak_flops=3e14")
     assert cfg.compile is None and cfg.progress is False and cfg.peak_flops == 3e14
     with pytest.raises(ConfigError, match=r"progress=1 \(command line\): expected bool"):
         load("--progress=1")
@@ -269,14 +283,38 @@ def test_checkpoint_round_trip_with_weights_only(tmp_path):
 def test_resume_rejects_a_different_architecture():
     cfg = GPTConfig(n_embd=64, n_head=4, layout="1+2R2+1", vocab_size=128, block_size=16)
     stored = {"model_config": dataclasses.asdict(cfg), "model": GPT(cfg).state_dict()}
-    assert model_config_from_checkpoint(stored, GPTConfig()).layout == "1+2R2+1"    # nothing given: take it
-    assert model_config_from_checkpoint(stored, GPTConfig(n_embd=64, n_head=4)).n_embd == 64
-    with pytest.raises(RunError, match=r"differs from the checkpoint's in n_head \(given 2, checkpoint 4\), "
-                                       r"n_kv_head \(given 2, checkpoint 4\); the tensor shapes agree$"):
-        model_config_from_checkpoint(stored, GPTConfig(n_embd=64, n_head=2, layout="1+2R2+1", vocab_size=128, block_size=16))
+
+    def resumed(*argv):
+        model_cfg, _, given = load("--init_from=resume", *argv)
+        return model_config_from_checkpoint(stored, model_cfg, given)
+
+    assert resumed().layout == "1+2R2+1"              # nothing given: take it
+    assert resumed("--n_embd=64", "--n_head=4").n_embd == 64
+    with pytest.raises(RunError, match=r"differs from the checkpoint's in n_head \(given 2, checkpoint 4\); "
+                                       r"the tensor shapes agree$"):
+        resumed("--n_embd=64", "--n_head=2", "--layout=1+2R2+1", "--vocab_size=128", "--block_size=16")
     with pytest.raises(RunError, match=r"in layout \(given '1\+1R2\+1', checkpoint '1\+2R2\+1'\); tensor shapes "
                                        r"\(checkpoint vs given\): layers\.3\.ln1\.weight is not in this model, .* more$"):
-        model_config_from_checkpoint(stored, GPTConfig(n_embd=64, n_head=4, layout="1+1R2+1", vocab_size=128, block_size=16))
+        resumed("--n_embd=64", "--n_head=4", "--layout=1+1R2+1", "--vocab_size=128", "--block_size=16")
+
+
+def test_resume_compares_exactly_the_model_keys_given():
+    """A model key given on resume is compared with the checkpoint even when it equals GPTConfig's default;
+    a key not given is never compared, even when this launch's config derives another value for it."""
+    cfg = GPTConfig(n_embd=64, n_head=4, n_layer=2, mlp_hidden=100, vocab_size=128, block_size=16, norm_eps=1e-6)
+    stored = {"model_config": dataclasses.asdict(cfg), "model": GPT(cfg).state_dict()}
+
+    def resumed(*argv):
+        model_cfg, _, given = load("--init_from=resume", *argv)
+        return model_config_from_checkpoint(stored, model_cfg, given)
+
+    with pytest.raises(RunError, match=r"differs from the checkpoint's in vocab_size \(given 50304, checkpoint 128\), "
+                                       r"n_layer \(given 12, checkpoint 2\); tensor shapes"):
+        resumed("--n_layer=12", "--vocab_size=50304", "--n_embd=64", "--n_head=4")   # 12, 50304: the defaults
+    with pytest.raises(RunError, match=r"in norm_eps \(given 1e-05, checkpoint 1e-06\); the tensor shapes agree$"):
+        resumed("--norm_eps=1e-5")
+    # given n_embd=64 derives mlp_hidden = 256 here; mlp_hidden was not given, so the checkpoint's 100 stands
+    assert (resumed("--n_embd=64", "--n_head=4", "--n_layer=2").mlp_hidden, resumed().mlp_hidden) == (100, 100)
 
 
 def test_resume_without_the_config_file_continues_the_same_run():
@@ -285,13 +323,52 @@ def test_resume_without_the_config_file_continues_the_same_run():
     run_cfg = TrainConfig(dataset="fineweb_edu", total_batch_size=4096, batch_size=2, learning_rate=3e-4, max_iters=900,
                           device="cpu", out_dir="old")
     ckpt = {"train_config": dataclasses.asdict(run_cfg)}
-    _, given = load("--init_from=resume", "--out_dir=new")
-    cfg = train_config_from_checkpoint(ckpt, given)
+    _, cfg, given = load("--init_from=resume", "--out_dir=new")
+    cfg = train_config_from_checkpoint(ckpt, cfg, given)
     assert (cfg.dataset, cfg.total_batch_size, cfg.batch_size, cfg.learning_rate, cfg.max_iters) == \
         ("fineweb_edu", 4096, 2, 3e-4, 900)
     assert (cfg.out_dir, cfg.device, cfg.init_from) == ("new", "auto", "resume")
-    _, given = load("--init_from=resume", "--max_iters=1800")       # extend the run
-    assert train_config_from_checkpoint(ckpt, given).max_iters == 1800
+    _, cfg, given = load("--init_from=resume", "--max_iters=1800")       # extend the run
+    assert train_config_from_checkpoint(ckpt, cfg, given).max_iters == 1800
+
+
+def test_resume_keys_given_again_win_even_at_their_default_values():
+    """6e-4, 200, 5000, 0.1 and 16 are TrainConfig's defaults; given on resume, they still replace the
+    checkpoint's values, and the keys not given keep the checkpoint's."""
+    run_cfg = TrainConfig(learning_rate=2e-3, min_lr=2e-4, warmup_iters=30, max_iters=4, weight_decay=0.01,
+                          batch_size=4, total_batch_size=4096)
+    ckpt = {"train_config": dataclasses.asdict(run_cfg)}
+    _, cfg, given = load("--init_from=resume", "--learning_rate=6e-4", "--warmup_iters=200", "--max_iters=5000",
+                         "--weight_decay=0.1", "--batch_size=16")
+    cfg = train_config_from_checkpoint(ckpt, cfg, given)
+    assert (cfg.learning_rate, cfg.warmup_iters, cfg.max_iters, cfg.weight_decay, cfg.batch_size) == \
+        (6e-4, 200, 5000, 0.1, 16)
+    assert (cfg.min_lr, cfg.total_batch_size) == (2e-4, 4096)           # not given: the checkpoint's
+    assert get_lr(2, cfg) == pytest.approx(6e-4 * 3 / 201)              # 8.955e-6 (the checkpoint's schedule: 1.94e-4)
+    _, cfg, given = load("--init_from=resume", "--learning_rate=1e-4")
+    with pytest.raises(ConfigError, match=r"^min_lr = 0\.0002 must be <= learning_rate = 0\.0001 \(with the "
+                                          r"checkpoint's other settings\)$"):
+        train_config_from_checkpoint(ckpt, cfg, given)
+
+
+def test_resumed_run_uses_the_given_default_valued_lr_and_warmup(tmp_path):
+    """End to end: train 2 steps at lr 2e-3 with 30 warmup steps, then resume giving learning_rate=6e-4 and
+    warmup_iters=200 (TrainConfig's defaults): steps 2 and 3 use 6e-4 * (step + 1) / 201."""
+    write_dataset(tmp_path / "data" / "fox")
+    first = run("train.py", *TINY, "--dataset=fox", "--out_dir=out", "--max_iters=2", "--learning_rate=2e-3",
+                "--min_lr=2e-4", "--warmup_iters=30", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    resumed = run("train.py", "--init_from=resume", "--out_dir=out", "--max_iters=4", "--learning_rate=6e-4",
+                  "--warmup_iters=200", "--progress=False", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "config (given): {'out_dir': 'out', 'init_from': 'resume', 'progress': False, 'max_iters': 4, " \
+           "'learning_rate': 0.0006, 'warmup_iters': 200}" in resumed.stdout
+    rows = read_log(tmp_path / "out")
+    header = [r for r in rows if "train_config" in r][-1]["train_config"]
+    assert (header["learning_rate"], header["warmup_iters"], header["max_iters"], header["min_lr"]) == (6e-4, 200, 4, 2e-4)
+    lrs = {r["step"]: r["lr"] for r in rows if "loss" in r}
+    assert lrs[1] == pytest.approx(2e-3 * 2 / 31)                       # before the resume: the first run's schedule
+    assert (lrs[2], lrs[3]) == (pytest.approx(8.955223880597015e-06), pytest.approx(6e-4 * 4 / 201))
 
 
 def test_resume_refuses_data_of_another_tokenizer(tmp_path):

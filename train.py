@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from configurator import ConfigError, changed_fields, load_config
+from configurator import ConfigError, check_ranges, given_values, load_config
 from model import GPT, GPTConfig
 
 
@@ -80,14 +80,19 @@ class TrainConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
-        for name in ("eval_interval", "eval_iters", "log_interval", "total_batch_size", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
-        if self.max_iters < 0 or self.warmup_iters < 0 or not 0 <= self.min_lr <= self.learning_rate:
-            raise ValueError(f"need max_iters >= 0, warmup_iters >= 0, 0 <= min_lr <= learning_rate; got "
-                             f"{self.max_iters}, {self.warmup_iters}, {self.min_lr}, {self.learning_rate}")
-        if self.lr_decay_iters is not None and self.lr_decay_iters < 1:
-            raise ValueError(f"lr_decay_iters = {self.lr_decay_iters} must be >= 1 or None (= max_iters)")
+        check_ranges(self, TRAIN_RANGES)
+        if self.min_lr > self.learning_rate:
+            raise ValueError(f"min_lr = {self.min_lr} must be <= learning_rate = {self.learning_rate}")
+
+
+# The valid range of every numeric field of TrainConfig (configurator.check_ranges: None passes, nan and
+# inf never). seed: what np.random.seed accepts.
+TRAIN_RANGES = {
+    "eval_interval": ">= 1", "eval_iters": ">= 1", "log_interval": ">= 1", "total_batch_size": ">= 1",
+    "batch_size": ">= 1", "max_iters": ">= 0", "lr_decay_iters": ">= 1", "learning_rate": ">= 0", "min_lr": ">= 0",
+    "warmup_iters": ">= 0", "weight_decay": ">= 0", "beta1": "[0, 1)", "beta2": "[0, 1)", "grad_clip": ">= 0",
+    "seed": "[0, 4294967295]", "peak_flops": "> 0",
+}
 
 
 class RunError(RuntimeError):
@@ -286,9 +291,63 @@ def load_checkpoint(path):
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:                 # truncated or foreign files fail in many ways (EOFError, UnpicklingError, ...)
         raise RunError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    if not (isinstance(ckpt, dict) and "model" in ckpt):
+    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict)):
         raise RunError(f"{path} is not a checkpoint of train.py: it has no 'model' state dict")
+    ckpt["model"] = clean_state_dict(ckpt["model"], path)
     return ckpt
+
+
+# Wrapped models save every key with a prefix: torch.compile `_orig_mod.`, DDP and DataParallel `module.`.
+# train.py saves the raw model, but other nanoGPT-style tools save the wrapper's state dict.
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
+def clean_state_dict(state, path):
+    """The state dict `state` of the checkpoint at `path` with the WRAPPER_PREFIXES, in any nesting (e.g.
+    `module._orig_mod.`), removed from every key. load_checkpoint applies it, so every loader (resume,
+    --init_from=x.pt, sample.py, probe.py) reads the same keys. Raises RunError when two keys become one."""
+    clean = {}
+    for key, value in state.items():
+        name = key
+        while name.startswith(WRAPPER_PREFIXES):
+            name = name.split(".", 1)[1]
+        if name in clean:
+            raise RunError(f"{path} holds {name} twice (once as {key}): it is not the state dict of one model")
+        clean[name] = value
+    return clean
+
+
+def tie_embeddings_state(state, model, path):
+    """`state` made to fit how `model` ties its output head to the token embedding (tie_embeddings).
+
+    A tied model holds ONE tensor, wte.weight = lm_head.weight, so it can take the checkpoint's head only
+    when that equals its embedding (a tied checkpoint) or is absent (a tied model saved without the
+    duplicate; the head is then wte.weight, for a tied or an untied model alike). An untied checkpoint
+    with its own head cannot be mapped exactly into a tied model: RunError naming --tie_embeddings=False.
+    A tied checkpoint maps exactly into an untied model: both tensors get its values. Returns a dict."""
+    wte, head = state.get("wte.weight"), state.get("lm_head.weight")
+    if wte is None:
+        return state
+    if head is None:
+        return {**state, "lm_head.weight": wte}
+    if model.cfg.tie_embeddings and wte.shape == head.shape and not torch.equal(wte, head):
+        raise RunError(f"{path} has an output head lm_head.weight that differs from its token embedding wte.weight "
+                       f"(an untied model), but this model ties them (tie_embeddings=True) into one tensor that "
+                       f"cannot hold both: set --tie_embeddings=False")
+    return state
+
+
+def load_weights(model, state, path):
+    """Copy every tensor of the state dict `state` (from the checkpoint at `path`) into `model`, with the
+    embedding tie mapped by tie_embeddings_state. Raises RunError naming missing, unexpected or differently
+    shaped tensors."""
+    state = tie_embeddings_state(state, model, path)
+    own = model.state_dict()
+    problems = shape_differences(state, own) + [f"{k} is missing from {path}" for k in own if k not in state]
+    if problems:
+        more = f" and {len(problems) - 5} more" if len(problems) > 5 else ""
+        raise RunError(f"{path} does not fit this model: " + "; ".join(problems[:5]) + more)
+    model.load_state_dict(state)
 
 
 def load_model(path, device="cpu"):
@@ -297,9 +356,9 @@ def load_model(path, device="cpu"):
     ckpt = load_checkpoint(path)
     try:
         model = GPT(GPTConfig(**ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:   # a checkpoint from another version or tool
+    except (KeyError, TypeError, ValueError) as e:   # a checkpoint from another version or tool
         raise RunError(f"{path} does not fit this model.py: {type(e).__name__}: {' '.join(str(e).split())}")
+    load_weights(model, ckpt["model"], path)
     return model.to(device).eval(), ckpt
 
 
@@ -307,8 +366,9 @@ def init_weights_from(model, path):
     """Load the weights of the checkpoint at `path` into `model`, e.g. a trained vanilla model into a T²MLR
     model of the same shape (a retrofit). Parameters the checkpoint lacks keep their initialisation only if
     they belong to the T²MLR gate, which starts as an exact identity (θ = 0), so the first forward equals
-    the source model's. Raises RunError naming missing, unexpected or differently shaped tensors."""
-    source = load_checkpoint(path)["model"]
+    the source model's; the embedding tie is mapped exactly or refused (tie_embeddings_state). Raises
+    RunError naming missing, unexpected or differently shaped tensors, or a tie that cannot be mapped."""
+    source = tie_embeddings_state(load_checkpoint(path)["model"], model, path)
     own = model.state_dict()
     problems = shape_differences(source, own)
     problems += [f"{k} is missing from {path}" for k in own if k not in source and not k.startswith("gate.")]
@@ -324,26 +384,37 @@ def shape_differences(source, own):
     return problems + [f"{k} is not in this model" for k in source if k not in own]
 
 
-def train_config_from_checkpoint(ckpt, given):
-    """The TrainConfig of a resumed run: the checkpoint's data, batch and schedule settings, overridden by the
-    fields given again (those that differ from TrainConfig's defaults), so a resume without the config file
-    continues the same run instead of falling back to the defaults. This launch's own system settings
-    (out_dir, device, dtype, compile, progress) always apply."""
+def train_config_from_checkpoint(ckpt, cfg, given):
+    """The TrainConfig of a resumed run: the checkpoint's data, batch and schedule settings, overridden by
+    the keys given again (`given`, load_config's record of the keys set in a config file or on the
+    command line, whatever their value), so a resume without the config file continues the same run
+    instead of falling back to the defaults. This launch's own system settings (out_dir, device, dtype,
+    compile, progress) always apply. cfg: this launch's TrainConfig. Raises ConfigError when a given
+    value does not fit the checkpoint's others (e.g. a learning_rate below its min_lr)."""
     system = ("init_from", "out_dir", "device", "dtype", "compile", "progress")
     stored = {k: v for k, v in ckpt["train_config"].items() if k not in system}
-    return TrainConfig(**{**asdict(given), **stored, **changed_fields(given)})
+    try:
+        return TrainConfig(**{**asdict(cfg), **stored, **given_values(given, cfg)})
+    except ValueError as e:
+        raise ConfigError(f"{e} (with the checkpoint's other settings)") from None
 
 
-def model_config_from_checkpoint(ckpt, given):
-    """GPTConfig stored in ckpt. Fields the user set (those that differ from GPTConfig's defaults) must
-    agree with it; otherwise RunError names every differing field and the first differing tensor shapes."""
+def model_config_from_checkpoint(ckpt, model_cfg, given):
+    """GPTConfig stored in ckpt. The keys the user set (`given`, load_config's record, whatever their value)
+    must agree with it, keys not given are not compared; otherwise RunError names every differing key and
+    the first differing tensor shapes. model_cfg: this launch's GPTConfig."""
     if "model_config" not in ckpt:
         raise RunError("the checkpoint has no model_config: only a checkpoint of train.py can be resumed")
     stored = ckpt["model_config"]
-    diff = [f"{k} (given {v!r}, checkpoint {stored.get(k)!r})" for k, v in changed_fields(given).items() if stored.get(k) != v]
+    diff = [f"{k} (given {v!r}, checkpoint {stored.get(k)!r})" for k, v in given_values(given, model_cfg).items()
+            if stored.get(k) != v]
     if diff:
-        with torch.device("meta"):                  # the shapes the given config would have, without allocating
-            shapes = shape_differences(ckpt["model"], GPT(given).state_dict())
+        try:                                        # the checkpoint's config with the given keys applied...
+            asked = GPTConfig(**{**stored, **given_values(given, model_cfg)})
+        except (TypeError, ValueError):             # ...or, where they do not combine, this launch's own
+            asked = model_cfg
+        with torch.device("meta"):                  # its shapes, without allocating
+            shapes = shape_differences(ckpt["model"], GPT(asked).state_dict())
         more = f" and {len(shapes) - 4} more" if len(shapes) > 4 else ""
         raise RunError("the model config differs from the checkpoint's in " + ", ".join(diff) + (
             f"; tensor shapes (checkpoint vs given): {', '.join(shapes[:4])}{more}" if shapes else "; the tensor shapes agree"))
@@ -359,7 +430,7 @@ def model_config_from_checkpoint(ckpt, given):
 def main(argv):
     """Train as configured by argv (config files and --key=value). Raises ConfigError or RunError."""
     # ---- config and distributed setup ----------------------------------------------------------------
-    model_cfg, cfg = load_config(argv, GPTConfig, TrainConfig)
+    (model_cfg, cfg), given = load_config(argv, GPTConfig, TrainConfig)
     ddp = "RANK" in os.environ                        # set by torchrun
     rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else (0, 0, 1)
     master = rank == 0                                # rank 0 prints, logs and writes checkpoints
@@ -377,8 +448,8 @@ def main(argv):
     resumed = cfg.init_from == "resume"
     ckpt = load_checkpoint(ckpt_path) if resumed else None
     if resumed:                                       # the architecture and the run's settings come from the checkpoint
-        model_cfg = model_config_from_checkpoint(ckpt, model_cfg)
-        cfg = train_config_from_checkpoint(ckpt, cfg)
+        model_cfg = model_config_from_checkpoint(ckpt, model_cfg, given)
+        cfg = train_config_from_checkpoint(ckpt, cfg, given)
     T = model_cfg.block_size
     grad_accum = grad_accum_steps(cfg.total_batch_size, cfg.batch_size, T, world_size)
 
@@ -407,11 +478,13 @@ def main(argv):
     random.seed(cfg.seed)
     data_gen = torch.Generator().manual_seed(cfg.seed)   # identical on all ranks: see step_starts
     raw_model = GPT(model_cfg).to(device)             # never compiled or wrapped: saved, evaluated exactly
+    # fill the rotary table cache (model.GPT.rotary) now: filled inside torch.compile's trace, it would recompile once
+    raw_model.rotary(0, 1, torch.float32, raw_model.wte.weight.device)
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
     scaler = torch.amp.GradScaler("cuda", enabled=ptdtype == torch.float16)   # a no-op unless fp16
     start_step, best_val = 0, math.inf
     if resumed:                                       # everything, so the run continues as if never stopped
-        raw_model.load_state_dict(ckpt["model"])
+        load_weights(raw_model, ckpt["model"], ckpt_path)
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
         start_step, best_val = ckpt["step"], ckpt["best_val_loss"]
@@ -434,7 +507,7 @@ def main(argv):
     if master:
         counts = raw_model.param_counts()
         os.makedirs(cfg.out_dir, exist_ok=True)
-        print(f"config (non-default): {changed_fields(model_cfg) | changed_fields(cfg)}")
+        print(f"config (given): {given_values(given, model_cfg, cfg)}")
         print(f"device {device}, dtype {str(ptdtype).removeprefix('torch.')}, compile {use_compile}, world size {world_size}")
         print(f"params: total {counts['total']:,}, non-embedding {counts['non_embedding']:,}, unrolled depth "
               f"{model_cfg.n_unrolled} layers, {flops_per_token:.3g} train FLOPs/token")

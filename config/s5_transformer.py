@@ -1,0 +1,39 @@
+# S5-Retrieval baseline at the paper's settings: the same NoPE transformer with T²MLR off (the sweep's "t2mlr_off" run).
+# Run: python s5_retrieval.py config/s5_transformer.py
+
+# model: a 6-layer LLaMA-style transformer, H 384, no positional encoding, no recurrence
+flavour = "llama"
+vocab_size = 188               # the S5 tokenizer
+block_size = 512               # the longest test example, n = 48: 10·48 + 1 = 481 tokens
+n_layer = 6
+n_embd = 384
+n_head = 6
+n_kv_head = 6
+mlp_hidden = 1536
+tie_embeddings = False
+rope_pct = 0.0                 # NoPE: no positional encoding (the reference's DISABLE_POSITIONAL_ENCODING)
+t2mlr = False                  # the same transformer without recurrence
+
+# task
+train_min_n = 1
+train_max_n = 32
+test_min_n = 1
+test_max_n = 48
+value_len = 4
+eval_examples = 256
+
+# optimisation: batch 16, lr 5e-4, β2 0.95, wd 0.01, 5% warmup, cosine to 1% of the peak, 400k steps
+batch_size = 16
+max_iters = 400_000
+learning_rate = 5e-4
+min_lr = 5e-6
+warmup_iters = 20_000
+weight_decay = 0.01
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0
+eval_interval = 10_000
+log_interval = 100
+seed = 1337
+dtype = "auto"                 # bf16 on CUDA
+out_dir = "out/s5_transformer"

@@ -1,0 +1,412 @@
+"""
+S5-Retrieval: the state-tracking task of the T²MLR paper (§3.1), from data generator to figure.
+
+Five cups start in the order 12345. The prompt is a dictionary that maps permutations of the five cups
+(elements of the group S5, written as atomic tokens like <A_42351>) to random 4-character codes, then `|`,
+then n permutations ("actions"), each followed by 4 blank spaces. At each action the model must output
+the cups' order after applying all actions so far (the state) and, on the 4 blanks, the code that the
+dictionary gives for that action. Tracking S5 is not solvable by a bounded-depth circuit of the kind a
+fixed-depth transformer computes in one pass: a layer can at best double the number of actions it
+composes, so an L-layer transformer runs out of depth at about 2^L actions. A recurrent state, as
+T²MLR carries from token to token, needs one step per action; an LSTM also tracks state, but must
+squeeze the whole dictionary into its fixed-size state.
+
+    python s5_retrieval.py config/s5_tiny_t2mlr.py     # train + evaluate one model (resumable, like train.py)
+    python s5_retrieval.py --compare                   # the laptop comparison of three models -> figure + JSON
+    python s5_retrieval.py --quick                     # a one-minute smoke run
+    python s5_retrieval.py config/s5_t2mlr.py          # the paper's settings (a GPU; 400k steps)
+
+Format (the reference's generator): input = `<A_key>v1v2v3v4` for every dictionary entry, `|`, then
+`<A_act>␣␣␣␣` per action; target = the same dictionary and `|`, then `<A_state>` and the action key's code
+per action. Labels are not shifted: logits[t] predict target[t]. control = 1 (non-recurrent) on the
+dictionary and `|`, 2 (recurrent) on the actions. Sequence length (2 + 2·value_len)·n + 1.
+"""
+
+import itertools
+import json
+import math
+import os
+import random
+import re
+import string
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from configurator import ConfigError, load_config
+from model import GPT, GPTConfig
+from train import (RunError, TrainConfig, autocast_context, get_lr, load_checkpoint, resolve_device,
+                   resolve_dtype, save_checkpoint)
+
+
+# -----------------------------------------------------------------------------
+# The group S5 and the data generator
+
+PERMUTATIONS = list(itertools.permutations((1, 2, 3, 4, 5)))      # all 120, in lexicographic order
+IDENTITY = (1, 2, 3, 4, 5)
+CODE_SYMBOLS = string.ascii_letters + string.digits                # 62 symbols for the dictionary's values
+
+
+def perm_token(p) -> str:
+    """(4, 2, 3, 5, 1) -> '<A_42351>', the one-line notation as one atomic token."""
+    return "<A_" + "".join(map(str, p)) + ">"
+
+
+def apply_action(state, action):
+    """The state after an action: new[i] = old[action[i] - 1] (cup positions, 1-based)."""
+    return tuple(state[a - 1] for a in action)
+
+
+def format_example(dictionary, actions):
+    """Serialise one example. dictionary: [(permutation, code), ...] in prompt order; actions: [permutation].
+    Returns (input tokens, target tokens, control flow), three lists of equal length (2 + 2·value_len)·n + 1."""
+    codes = dict(dictionary)
+    value_len = len(dictionary[0][1])
+    prompt = [tok for key, code in dictionary for tok in (perm_token(key), *code)] + ["|"]
+    inputs, targets, state = list(prompt), list(prompt), IDENTITY
+    for action in actions:
+        state = apply_action(state, action)
+        inputs += [perm_token(action)] + [" "] * value_len
+        targets += [perm_token(state), *codes[action]]
+    control = [1] * len(prompt) + [2] * (len(inputs) - len(prompt))
+    return inputs, targets, control
+
+
+def make_example(n: int, rng: random.Random, value_len: int = 4):
+    """One example with n actions drawn i.i.d. uniformly from S5 and a dictionary of n keys: the distinct
+    actions plus random distractor permutations, shuffled, each with a random code of value_len symbols."""
+    actions = [rng.choice(PERMUTATIONS) for _ in range(n)]
+    keys = list(dict.fromkeys(actions))                            # distinct actions, first-seen order
+    while len(keys) < n:
+        p = rng.choice(PERMUTATIONS)
+        if p not in keys:
+            keys.append(p)
+    rng.shuffle(keys)
+    dictionary = [(k, "".join(rng.choice(CODE_SYMBOLS) for _ in range(value_len))) for k in keys]
+    return format_example(dictionary, actions)
+
+
+class S5Tokenizer:
+    """The reference's character tokenizer, 188 ids: <pad> <unk> <bos> <eos> (0-3), 52 letters (4-55),
+    10 digits (56-65), space (66), '|' (67), then the 120 permutation tokens in lexicographic order (68-187)."""
+
+    def __init__(self):
+        self.vocab = (["<pad>", "<unk>", "<bos>", "<eos>"] + list(string.ascii_letters) + list(string.digits)
+                      + [" ", "|"] + [perm_token(p) for p in PERMUTATIONS])
+        self.ids = {tok: i for i, tok in enumerate(self.vocab)}
+        self.pad = 0
+
+    def split(self, text: str):
+        """'<A_12345>ab |' -> ['<A_12345>', 'a', 'b', ' ', '|']."""
+        return re.findall(r"<A_\d{5}>|.", text, flags=re.S)
+
+    def encode(self, tokens):
+        """A string or a list of token strings -> ids. Raises ValueError naming a token outside the vocabulary."""
+        tokens = self.split(tokens) if isinstance(tokens, str) else tokens
+        missing = [t for t in tokens if t not in self.ids]
+        if missing:
+            raise ValueError(f"token {missing[0]!r} is not in the S5 vocabulary (letters, digits, ' ', '|', <A_abcde>)")
+        return [self.ids[t] for t in tokens]
+
+    def decode(self, ids) -> str:
+        return "".join(self.vocab[i] for i in ids)
+
+
+TOKENIZER = S5Tokenizer()
+
+
+def make_batch(examples, device="cpu"):
+    """Right-pad a list of (inputs, targets, control) to one (B, T) batch: idx (pad id 0), targets (-1 = no
+    label, the ignore index of GPT.forward) and control (0 = padding)."""
+    T = max(len(inputs) for inputs, _, _ in examples)
+    idx = torch.full((len(examples), T), TOKENIZER.pad, dtype=torch.long)
+    targets = torch.full((len(examples), T), -1, dtype=torch.long)
+    control = torch.zeros((len(examples), T), dtype=torch.long)
+    for i, (inputs, target, flow) in enumerate(examples):
+        idx[i, :len(inputs)] = torch.tensor(TOKENIZER.encode(inputs))
+        targets[i, :len(target)] = torch.tensor(TOKENIZER.encode(target))
+        control[i, :len(flow)] = torch.tensor(flow)
+    return idx.to(device), targets.to(device), control.to(device)
+
+
+# -----------------------------------------------------------------------------
+# Configuration: GPTConfig (model.py) and TrainConfig (train.py: optimizer, schedule, out_dir, seed,
+# device) plus the task's own keys. TrainConfig's data keys (dataset, data_dir, total_batch_size,
+# eval_iters, val_mode, compile) are not used here: batches are generated, one batch per step.
+
+@dataclass
+class S5Config:
+    arch: str = "gpt"                     # 'gpt' (model.py: T²MLR when t2mlr=True) or 'lstm'
+    train_min_n: int = 1                  # training lengths n (actions) drawn uniformly from [train_min_n, train_max_n]
+    train_max_n: int = 12
+    test_min_n: int = 1                   # evaluated at every n in [test_min_n, test_max_n]
+    test_max_n: int = 24
+    value_len: int = 4                    # characters per dictionary code
+    eval_examples: int = 64               # test examples per n in the final evaluation (during training: a quarter)
+    lstm_layers: int = 4                  # the LSTM baseline (arch='lstm')
+    lstm_hidden: int = 360
+
+    def __post_init__(self):
+        if self.arch not in ("gpt", "lstm"):
+            raise ValueError(f"arch {self.arch!r} is not one of 'gpt', 'lstm'")
+        if not 1 <= self.train_min_n <= self.train_max_n or not 1 <= self.test_min_n <= self.test_max_n:
+            raise ValueError(f"need 1 <= train_min_n <= train_max_n and 1 <= test_min_n <= test_max_n; got "
+                             f"[{self.train_min_n}, {self.train_max_n}] and [{self.test_min_n}, {self.test_max_n}]")
+        for name in ("value_len", "eval_examples", "lstm_layers", "lstm_hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
+
+    def max_len(self, n: int) -> int:
+        """Tokens in an example with n actions: (2 + 2·value_len)·n + 1."""
+        return (2 + 2 * self.value_len) * n + 1
+
+
+# -----------------------------------------------------------------------------
+# The LSTM baseline: torch.nn.LSTM between a tied embedding and output head
+
+class LSTMLM(nn.Module):
+    """Embedding (V x H) -> nn.LSTM (layers x H) -> the embedding matrix again as output head (tied).
+    forward(idx (B, T), targets (B, T) or None, **ignored) -> (logits (B, T, V), mean CE over labels != -1)."""
+
+    def __init__(self, vocab_size: int, hidden: int, layers: int):
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, hidden)
+        self.lstm = nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True)
+
+    def forward(self, idx, targets=None, **ignored):
+        h, _ = self.lstm(self.wte(idx))
+        logits = F.linear(h, self.wte.weight)
+        loss = None if targets is None else F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+
+def build_model(model_cfg: GPTConfig, s5: S5Config):
+    return GPT(model_cfg) if s5.arch == "gpt" else LSTMLM(model_cfg.vocab_size, s5.lstm_hidden, s5.lstm_layers)
+
+
+def lstm_hidden_for(target_params: int, vocab_size: int, layers: int) -> int:
+    """The LSTM width whose parameter count (tied embedding V·H plus per layer 4·(2H² + 2H)) is closest to
+    target_params: how the configs match the baseline to the transformer."""
+    count = lambda h: vocab_size * h + layers * 4 * (2 * h * h + 2 * h)
+    return min(range(8, 4096), key=lambda h: abs(count(h) - target_params))
+
+
+# -----------------------------------------------------------------------------
+# Metrics, with the exact recurrence (eval() puts a T²MLR model in exact mode)
+
+def score(logits, targets, control):
+    """Per example: (all labelled positions right?, right answer tokens, answer tokens), where the answers
+    are the recurrent segment (states and codes, c >= 2); the dictionary copy counts only in the first.
+    logits (B, T, V), targets and control (B, T) -> three (B,) tensors."""
+    labelled = targets != -1
+    right = (logits.argmax(-1) == targets) & labelled
+    answers = control >= 2
+    seq_right = (right | ~labelled).all(dim=1)
+    return seq_right, (right & answers).sum(dim=1), answers.sum(dim=1)
+
+
+@torch.no_grad()
+def evaluate(model, s5: S5Config, n_values, examples_per_n: int, device, autocast, batch_size: int = 64):
+    """{n: {"seq_acc", "token_acc"}} on fixed test examples (the same for every model: seeded by n alone)."""
+    was_training = model.training
+    model.eval()
+    results = {}
+    for n in n_values:
+        rng = random.Random(1_000_003 * n + 7)
+        examples = [make_example(n, rng, s5.value_len) for _ in range(examples_per_n)]
+        seq, tok, total = 0, 0, 0
+        for i in range(0, len(examples), batch_size):
+            idx, targets, control = make_batch(examples[i:i + batch_size], device)
+            with autocast:
+                logits, _ = model(idx, control=control)
+            s, r, a = score(logits, targets, control)
+            seq, tok, total = seq + s.sum().item(), tok + r.sum().item(), total + a.sum().item()
+        results[n] = {"seq_acc": seq / len(examples), "token_acc": tok / total}
+    model.train(was_training)
+    return results
+
+
+# -----------------------------------------------------------------------------
+# Training: one generated batch per step, seeded by (seed, step), so every model sees the same data and a
+# resumed run the same batches as an uninterrupted one
+
+def train_batch(s5: S5Config, seed: int, step: int, batch_size: int, device):
+    rng = random.Random(seed * 1_000_000_007 + step)
+    examples = [make_example(rng.randint(s5.train_min_n, s5.train_max_n), rng, s5.value_len) for _ in range(batch_size)]
+    return make_batch(examples, device)
+
+
+def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
+    """Train one model as configured and evaluate it at every n of the test range. Resumable: with
+    init_from='resume' it continues out_dir/ckpt.pt; a finished run (out_dir/results.json) is not retrained.
+    Returns the results dict (also written to out_dir/results.json)."""
+    results_path = os.path.join(cfg.out_dir, "results.json")
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if os.path.exists(results_path):
+        with open(results_path) as f:
+            return json.load(f)
+    needed = s5.max_len(max(s5.train_max_n, s5.test_max_n))
+    if s5.arch == "gpt" and model_cfg.block_size < needed:
+        raise ConfigError(f"block_size = {model_cfg.block_size} is shorter than the longest example, "
+                          f"{needed} tokens at n = {max(s5.train_max_n, s5.test_max_n)}; set block_size >= {needed}")
+    if model_cfg.vocab_size < len(TOKENIZER.vocab):
+        raise ConfigError(f"vocab_size = {model_cfg.vocab_size} is smaller than the S5 vocabulary, {len(TOKENIZER.vocab)}")
+    device = resolve_device(cfg.device)
+    device_type = device.split(":")[0]
+    autocast = autocast_context(device_type, resolve_dtype(cfg.dtype, device_type))
+    torch.manual_seed(cfg.seed)
+    model = build_model(model_cfg, s5).to(device)
+    # GPT's optimizer rule (decay on >= 2-D tensors) applies to the LSTM's parameters unchanged
+    optimizer = GPT.configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
+    state = {"step": 0, "seconds": 0.0, "curve": []}
+    if cfg.init_from == "resume" and os.path.exists(ckpt_path):
+        ckpt = load_checkpoint(ckpt_path)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        state = ckpt["state"]
+    elif os.path.exists(ckpt_path):
+        raise RunError(f"{ckpt_path} exists: continue it with --init_from=resume, or choose another out_dir")
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"{cfg.out_dir}: {s5.arch}{' (T²MLR)' if s5.arch == 'gpt' and model_cfg.t2mlr else ''}, "
+        f"{n_params:,} parameters, steps {state['step']}..{cfg.max_iters}")
+
+    def checkpoint():
+        save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
+                                    "model_config": asdict(model_cfg), "train_config": asdict(cfg), "s5_config": asdict(s5)})
+
+    model.train()
+    t0 = time.time() - state["seconds"]
+    loss_sum, loss_count = 0.0, 0
+    while state["step"] < cfg.max_iters:
+        step = state["step"]
+        lr = get_lr(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        idx, targets, control = train_batch(s5, cfg.seed, step, cfg.batch_size, device)
+        with autocast:
+            _, loss = model(idx, targets, control=control)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
+        state["step"] = step = step + 1
+        if step % cfg.log_interval == 0 or step == cfg.max_iters:
+            state["curve"].append({"step": step, "loss": loss_sum / loss_count, "lr": lr})
+            loss_sum, loss_count = 0.0, 0
+        if step % cfg.eval_interval == 0 or step == cfg.max_iters:
+            probe_ns = sorted({s5.train_max_n, min(2 * s5.train_max_n, s5.test_max_n)})
+            quick = evaluate(model, s5, probe_ns, max(1, s5.eval_examples // 4), device, autocast)
+            state["curve"][-1].update({f"seq_acc@{n}": r["seq_acc"] for n, r in quick.items()}
+                                      | {f"token_acc@{n}": r["token_acc"] for n, r in quick.items()})
+            state["seconds"] = time.time() - t0
+            row = state["curve"][-1]
+            eta = state["seconds"] / step * (cfg.max_iters - step)
+            log(f"step {step}: loss {row['loss']:.4f}, " + ", ".join(
+                f"n={n} seq {r['seq_acc']:.2f} tok {r['token_acc']:.3f}" for n, r in quick.items())
+                + f", {state['seconds'] / 60:.1f} min, ETA {eta / 60:.1f} min")
+            checkpoint()
+    train_seconds = state["seconds"] = time.time() - t0
+    per_n = evaluate(model, s5, range(s5.test_min_n, s5.test_max_n + 1), s5.eval_examples, device, autocast)
+    results = {"arch": s5.arch, "t2mlr": s5.arch == "gpt" and model_cfg.t2mlr, "params": n_params,
+               "train_seconds": train_seconds, "steps": cfg.max_iters, "per_n": {str(n): r for n, r in per_n.items()},
+               "curve": state["curve"], "model_config": asdict(model_cfg), "train_config": asdict(cfg), "s5_config": asdict(s5)}
+    checkpoint()
+    with open(results_path + ".tmp", "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(results_path + ".tmp", results_path)
+    return results
+
+
+# -----------------------------------------------------------------------------
+# The comparison: three models, the same data, steps and schedule; one figure and one JSON
+
+COMPARE = {"T²MLR": "config/s5_tiny_t2mlr.py", "transformer": "config/s5_tiny_transformer.py",
+           "LSTM": "config/s5_tiny_lstm.py"}
+
+
+def compare(overrides, root="out/s5", figure="assets/s5_retrieval.png"):
+    """Train (or resume, or skip when finished) every model of COMPARE with the same overrides, then write
+    root/compare.json and the figure. Returns {name: results}."""
+    all_results = {}
+    for i, (name, path) in enumerate(COMPARE.items()):
+        out_dir = os.path.join(root, os.path.splitext(os.path.basename(path))[0])
+        resume = ["--init_from=resume"] if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else []
+        (model_cfg, cfg, s5), _ = load_config([path, *overrides, f"--out_dir={out_dir}", *resume], GPTConfig, TrainConfig, S5Config)
+        print(f"[{i + 1}/{len(COMPARE)}] {name}")
+        all_results[name] = train(model_cfg, cfg, s5)
+    os.makedirs(root, exist_ok=True)
+    summary = {name: {k: v for k, v in r.items() if k not in ("model_config", "train_config", "s5_config")}
+               for name, r in all_results.items()}
+    with open(os.path.join(root, "compare.json"), "w") as f:
+        json.dump({"command": "python s5_retrieval.py --compare " + " ".join(overrides), "results": summary}, f, indent=1)
+    plot(all_results, figure)
+    return all_results
+
+
+def plot(all_results, path):
+    """Two rows (sequence accuracy, token accuracy) against n, one line per model; vertical lines at the
+    transformer's depth bound 2^L and at the longest training n."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    for name, r in all_results.items():
+        ns = sorted(map(int, r["per_n"]))
+        for ax, key in zip(axes, ("seq_acc", "token_acc")):
+            ax.plot(ns, [r["per_n"][str(n)][key] for n in ns], marker="o", ms=3,
+                    label=f"{name} ({r['params'] / 1e6:.2f}M params)")
+    first = next(iter(all_results.values()))
+    depth_bound, train_max = 2 ** first["model_config"]["n_layer"], first["s5_config"]["train_max_n"]
+    for ax, label in zip(axes, ("sequence accuracy", "token accuracy (answers)")):
+        ax.axvline(depth_bound, color="grey", ls="--", lw=1)
+        ax.axvline(train_max, color="black", ls=":", lw=1)
+        ax.set_ylabel(label)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    axes[0].set_title(f"S5-Retrieval: dashed 2^L = {depth_bound} (L = {first['model_config']['n_layer']} layers), "
+                      f"dotted = longest training n", fontsize=9)
+    axes[1].set_xlabel("n (actions)")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+QUICK = ["config/s5_tiny_t2mlr.py", "--max_iters=30", "--eval_interval=30", "--log_interval=10", "--train_max_n=4",
+         "--test_max_n=6", "--eval_examples=8", "--out_dir=out/s5_quick", "--warmup_iters=3"]
+
+
+def main(argv):
+    """Raises ConfigError or RunError."""
+    if "--compare" in argv:
+        rest = [a for a in argv if a != "--compare"]
+        root = next((a.split("=", 1)[1] for a in rest if a.startswith("--out_dir=")), "out/s5")
+        figure = "assets/s5_retrieval.png" if root == "out/s5" else os.path.join(root, "s5_retrieval.png")
+        results = compare([a for a in rest if not a.startswith("--out_dir=")], root, figure)
+        for name, r in results.items():
+            print(f"{name}: {r['params']:,} params, {r['train_seconds'] / 60:.1f} min; " + ", ".join(
+                f"n={n}: seq {r['per_n'][str(n)]['seq_acc']:.2f} tok {r['per_n'][str(n)]['token_acc']:.3f}"
+                for n in sorted({int(r['s5_config']['train_max_n']), 2 * int(r['s5_config']['train_max_n'])})
+                if str(n) in r["per_n"]))
+        return
+    if "--quick" in argv:
+        argv = QUICK + [a for a in argv if a != "--quick"]
+    (model_cfg, cfg, s5), _ = load_config(argv, GPTConfig, TrainConfig, S5Config)
+    results = train(model_cfg, cfg, s5)
+    for n, r in results["per_n"].items():
+        print(f"n={n:>3}: sequence accuracy {r['seq_acc']:.3f}, token accuracy {r['token_acc']:.3f}")
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (ConfigError, RunError) as e:
+        sys.exit(f"error: {e}")

@@ -1,0 +1,172 @@
+"""
+Tests of s5_retrieval.py: the S5 state rule against an independent composition of permutations, the worked
+example of the generator's format, the tokenizer, the layout of control flow and padding, the metrics, the
+LSTM's parameter matching, and a one-minute training run that lowers the loss.
+
+Run: python -m pytest -q test_s5.py
+"""
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from s5_retrieval import (PERMUTATIONS, TOKENIZER, LSTMLM, S5Config, apply_action, format_example, lstm_hidden_for,
+                          make_batch, make_example, perm_token, score)
+
+ROOT = Path(__file__).resolve().parent
+
+
+def compose_as_functions(actions):
+    """Independent check of the state rule: an action a maps position i to the cup at position a[i] - 1 of the
+    old state, i.e. state_new = state_old ∘ a as functions on positions 0..4. Compose the functions first,
+    then apply the composite once to the identity arrangement."""
+    composite = list(range(5))                                   # position -> source position, identity
+    for a in actions:
+        composite = [composite[a[i] - 1] for i in range(5)]
+    return tuple(composite[i] + 1 for i in range(5))
+
+
+def test_state_rule_matches_composition_of_permutations():
+    rng = random.Random(0)
+    for _ in range(200):
+        actions = [rng.choice(PERMUTATIONS) for _ in range(rng.randint(1, 30))]
+        state = (1, 2, 3, 4, 5)
+        for a in actions:
+            state = apply_action(state, a)
+        assert state == compose_as_functions(actions)
+
+
+def test_worked_example_token_for_token():
+    """The generator's documented example (n = 3, value_len = 4), rebuilt from its dictionary and actions."""
+    dictionary = [((4, 2, 3, 5, 1), "gRV5"), ((1, 4, 3, 2, 5), "IfLB"), ((1, 2, 4, 5, 3), "poiV")]
+    actions = [(4, 2, 3, 5, 1), (1, 4, 3, 2, 5), (1, 2, 4, 5, 3)]
+    inputs, targets, control = format_example(dictionary, actions)
+    assert "".join(inputs) == "<A_42351>gRV5<A_14325>IfLB<A_12453>poiV|<A_42351>    <A_14325>    <A_12453>    "
+    assert "".join(targets) == "<A_42351>gRV5<A_14325>IfLB<A_12453>poiV|<A_42351>gRV5<A_45321>IfLB<A_45213>poiV"
+    assert len(inputs) == len(targets) == len(control) == 10 * 3 + 1
+    assert control == [1] * 16 + [2] * 15
+    assert TOKENIZER.split("".join(inputs)) == inputs            # atomic permutation tokens survive a round trip
+
+
+def test_tokenizer_has_the_reference_layout_and_round_trips():
+    vocab = TOKENIZER.vocab
+    assert len(vocab) == 188
+    assert vocab[:4] == ["<pad>", "<unk>", "<bos>", "<eos>"]
+    assert vocab[4] == "a" and vocab[55] == "Z" and vocab[56] == "0" and vocab[65] == "9"
+    assert vocab[66] == " " and vocab[67] == "|"
+    assert vocab[68] == "<A_12345>" and vocab[187] == "<A_54321>"
+    assert vocab[68:] == sorted(vocab[68:])                      # lexicographic order of the permutations
+    rng = random.Random(3)
+    for n in (1, 5, 17):
+        inputs, targets, _ = make_example(n, rng)
+        for tokens in (inputs, targets):
+            text = "".join(tokens)
+            assert TOKENIZER.decode(TOKENIZER.encode(text)) == text
+            assert TOKENIZER.encode(text) == TOKENIZER.encode(tokens)
+    with pytest.raises(ValueError, match="'#'"):
+        TOKENIZER.encode("ab#")
+
+
+def test_generator_is_seeded_and_follows_the_format():
+    a, b = make_example(9, random.Random(5)), make_example(9, random.Random(5))
+    assert a == b and make_example(9, random.Random(6)) != a
+    rng = random.Random(1)
+    for n in (1, 2, 8, 20):
+        inputs, targets, control = make_example(n, rng, value_len=3)
+        assert len(inputs) == (2 + 2 * 3) * n + 1
+        prompt = inputs[:inputs.index("|") + 1]
+        keys = prompt[0:-1:4]
+        assert len(keys) == n and len(set(keys)) == n               # n distinct keys: actions plus distractors
+        codes = {prompt[i]: "".join(prompt[i + 1:i + 4]) for i in range(0, len(prompt) - 1, 4)}
+        actions = inputs[len(prompt)::4]
+        assert all(a in codes for a in actions)                      # every action has its entry
+        assert all(t == " " for i, t in enumerate(inputs[len(prompt):]) if i % 4)
+        state = (1, 2, 3, 4, 5)
+        for j, action in enumerate(actions):                          # state token, then the ACTION's code
+            state = apply_action(state, tuple(int(c) for c in action[3:8]))
+            at = len(prompt) + 4 * j
+            assert targets[at] == perm_token(state) and "".join(targets[at + 1:at + 4]) == codes[action]
+        assert targets[:len(prompt)] == prompt
+
+
+def test_lengths_are_drawn_uniformly():
+    from s5_retrieval import train_batch
+    s5 = S5Config(train_min_n=2, train_max_n=5)
+    lengths = []
+    for step in range(200):
+        _, _, control = train_batch(s5, seed=0, step=step, batch_size=8, device="cpu")
+        lengths += ((control == 2).sum(dim=1) // 5).tolist()
+    assert set(lengths) == {2, 3, 4, 5}
+    assert all(abs(lengths.count(n) / len(lengths) - 0.25) < 0.05 for n in (2, 3, 4, 5))
+
+
+def test_batch_layout_control_and_padding():
+    rng = random.Random(0)
+    short, long = make_example(1, rng), make_example(3, rng)
+    idx, targets, control = make_batch([short, long])
+    assert idx.shape == (2, 31)
+    assert idx[0, 11:].eq(0).all() and targets[0, 11:].eq(-1).all() and control[0, 11:].eq(0).all()
+    assert control[0, :6].eq(1).all() and control[0, 6:11].eq(2).all()
+    assert control[1, :16].eq(1).all() and control[1, 16:].eq(2).all()
+    assert TOKENIZER.decode(targets[1].tolist()) == "".join(long[1])
+    assert (targets[0, :11] >= 0).all()                           # every real position is labelled (shift 0)
+
+
+def test_metrics_on_hand_made_predictions():
+    rng = random.Random(0)
+    idx, targets, control = make_batch([make_example(2, rng), make_example(1, rng)])
+    perfect = torch.nn.functional.one_hot(targets.clamp_min(0), 188).double()
+    seq, right, total = score(perfect, targets, control)
+    assert seq.tolist() == [True, True] and right.tolist() == [10, 5] and total.tolist() == [10, 5]
+    one_wrong = perfect.clone()
+    one_wrong[0, -1] = torch.nn.functional.one_hot((targets[0, -1] + 1) % 188, 188)   # last code char
+    seq, right, _ = score(one_wrong, targets, control)
+    assert seq.tolist() == [False, True] and right.tolist() == [9, 5]
+    prompt_wrong = perfect.clone()
+    prompt_wrong[1, 0] = torch.nn.functional.one_hot((targets[1, 0] + 1) % 188, 188)   # dictionary copy
+    seq, right, _ = score(prompt_wrong, targets, control)
+    assert seq.tolist() == [True, False] and right.tolist() == [10, 5]     # answers all right, sequence wrong
+    padded_garbage = perfect.clone()
+    padded_garbage[1, 12:] = 0.0                                   # predictions at padding are never scored
+    assert score(padded_garbage, targets, control)[0].tolist() == [True, True]
+
+
+def test_lstm_is_tied_and_parameter_matched():
+    h = lstm_hidden_for(1_180_034, 188, 4)
+    lstm = LSTMLM(188, h, 4)
+    n = sum(p.numel() for p in lstm.parameters())
+    assert abs(n - 1_180_034) / 1_180_034 < 0.05
+    assert n == 188 * h + 4 * 4 * (2 * h * h + 2 * h)              # the embedding is also the head
+    logits, loss = lstm(torch.zeros(2, 5, dtype=torch.long), torch.full((2, 5), -1).index_fill_(1, torch.tensor([0]), 3))
+    assert logits.shape == (2, 5, 188) and torch.isfinite(loss)
+
+
+def test_configs_are_parameter_matched():
+    """The laptop comparison's LSTM has within 5% of the T²MLR model's parameters."""
+    from configurator import load_config
+    from model import GPT, GPTConfig
+    from train import TrainConfig
+    counts = {}
+    for name in ("t2mlr", "transformer", "lstm"):
+        (model_cfg, _, s5), _ = load_config([f"config/s5_tiny_{name}.py"], GPTConfig, TrainConfig, S5Config)
+        model = GPT(model_cfg) if s5.arch == "gpt" else LSTMLM(model_cfg.vocab_size, s5.lstm_hidden, s5.lstm_layers)
+        counts[name] = sum(p.numel() for p in model.parameters())
+    assert abs(counts["lstm"] - counts["t2mlr"]) / counts["t2mlr"] < 0.05, counts
+    assert counts["t2mlr"] - counts["transformer"] == 5 * 128 ** 2 + 2 * 128 + 2     # the gate, nothing else
+
+
+def test_quick_run_lowers_the_training_loss(tmp_path):
+    out = tmp_path / "quick"
+    result = subprocess.run([sys.executable, "s5_retrieval.py", "--quick", f"--out_dir={out}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "results.json").read_text())
+    curve = [row["loss"] for row in results["curve"]]
+    assert curve[-1] < curve[0] - 0.5, curve
+    assert sorted(map(int, results["per_n"])) == list(range(1, 7))
+    assert "n=  6: sequence accuracy" in result.stdout
