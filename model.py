@@ -736,7 +736,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
-                 generator: Optional[torch.Generator] = None):
+                 generator: Optional[torch.Generator] = None, recurrent_prompt: bool = False):
         """Continue idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens).
 
         Each token is drawn from the last logits of the model run on the last block_size tokens: exactly
@@ -752,6 +752,11 @@ class GPT(nn.Module):
         that logits / temperature would overflow gives the greedy tokens; top_k None = all tokens,
         k >= 1 keeps the k most likely (clamped to the vocabulary). Raises ValueError for a negative or
         NaN temperature and for top_k < 1.
+
+        T²MLR control flow (ignored by other models): generated tokens are recurrent (c = 2); the prompt is
+        non-recurrent (c = 1: not mixed, and the state after it is the last prompt token's raw l_end
+        output), as the reference generates, unless recurrent_prompt=True (c = 2 everywhere, which equals
+        control=None: how train.py trains on plain text).
         """
         if not temperature >= 0:                  # also NaN
             raise ValueError(f"temperature = {temperature} must be >= 0 (0 = greedy)")
@@ -759,17 +764,19 @@ class GPT(nn.Module):
             raise ValueError(f"top_k = {top_k} must be >= 1 (the number of most likely tokens to sample from), "
                              f"or None for all tokens")
         window = self.cfg.block_size
+        control = torch.full_like(idx, 2 if recurrent_prompt else 1)   # (B, T), grows with idx
         cache = self.new_cache()
-        logits, _ = self(idx[:, -window:], cache=cache)
+        logits, _ = self(idx[:, -window:], cache=cache, control=control[:, -window:])
         for step in range(max_new_tokens):
             idx_next = self.sample_next(logits[:, -1, :], temperature, top_k, generator)
             idx = torch.cat([idx, idx_next], dim=1)
+            control = torch.cat([control, torch.full_like(idx_next, 2)], dim=1)   # generated: recurrent
             if step == max_new_tokens - 1:
                 break
             if idx.shape[1] <= window:            # the cache holds all of idx: feed the new token only
-                logits, _ = self(idx_next, cache=cache)
+                logits, _ = self(idx_next, cache=cache, control=control[:, -1:])
             else:                                 # the window slid: recompute it (exact T²MLR, no cache)
-                logits, _ = self(idx[:, -window:], mode="exact")
+                logits, _ = self(idx[:, -window:], mode="exact", control=control[:, -window:])
         return idx
 
     @staticmethod

@@ -5,11 +5,12 @@ Five cups start in the order 12345. The prompt is a dictionary that maps permuta
 (elements of the group S5, written as atomic tokens like <A_42351>) to random 4-character codes, then `|`,
 then n permutations ("actions"), each followed by 4 blank spaces. At each action the model must output
 the cups' order after applying all actions so far (the state) and, on the 4 blanks, the code that the
-dictionary gives for that action. Tracking S5 is not solvable by a bounded-depth circuit of the kind a
-fixed-depth transformer computes in one pass: a layer can at best double the number of actions it
-composes, so an L-layer transformer runs out of depth at about 2^L actions. A recurrent state, as
-T²MLR carries from token to token, needs one step per action; an LSTM also tracks state, but must
-squeeze the whole dictionary into its fixed-size state.
+dictionary gives for that action. Composing permutations of S5 (a non-solvable group) is NC¹-complete,
+believed beyond the constant-depth threshold circuits (TC⁰) that a fixed-depth transformer computes in
+one pass; the constructions that do exist compose pairs of actions per layer, like a parallel prefix, so
+an L-layer transformer covers about 2^L actions. A recurrent state, as T²MLR carries from token to token,
+needs one step per action; an LSTM also tracks state, but must squeeze the whole dictionary into its
+fixed-size state to do the retrieval.
 
     python s5_retrieval.py config/s5_tiny_t2mlr.py     # train + evaluate one model (resumable, like train.py)
     python s5_retrieval.py --compare                   # the laptop comparison of three models -> figure + JSON
@@ -37,7 +38,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from configurator import ConfigError, load_config
+from configurator import ConfigError, check_ranges, load_config
 from model import GPT, GPTConfig
 from train import (RunError, TrainConfig, autocast_context, get_lr, load_checkpoint, resolve_device,
                    resolve_dtype, save_checkpoint)
@@ -153,12 +154,11 @@ class S5Config:
     def __post_init__(self):
         if self.arch not in ("gpt", "lstm"):
             raise ValueError(f"arch {self.arch!r} is not one of 'gpt', 'lstm'")
-        if not 1 <= self.train_min_n <= self.train_max_n or not 1 <= self.test_min_n <= self.test_max_n:
-            raise ValueError(f"need 1 <= train_min_n <= train_max_n and 1 <= test_min_n <= test_max_n; got "
+        check_ranges(self, {name: ">= 1" for name in ("train_min_n", "train_max_n", "test_min_n", "test_max_n",
+                                                      "value_len", "eval_examples", "lstm_layers", "lstm_hidden")})
+        if self.train_min_n > self.train_max_n or self.test_min_n > self.test_max_n:
+            raise ValueError(f"need train_min_n <= train_max_n and test_min_n <= test_max_n; got "
                              f"[{self.train_min_n}, {self.train_max_n}] and [{self.test_min_n}, {self.test_max_n}]")
-        for name in ("value_len", "eval_examples", "lstm_layers", "lstm_hidden"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
 
     def max_len(self, n: int) -> int:
         """Tokens in an example with n actions: (2 + 2·value_len)·n + 1."""
@@ -198,34 +198,44 @@ def lstm_hidden_for(target_params: int, vocab_size: int, layers: int) -> int:
 # -----------------------------------------------------------------------------
 # Metrics, with the exact recurrence (eval() puts a T²MLR model in exact mode)
 
+FIRST_PERM_ID = TOKENIZER.ids[perm_token(IDENTITY)]      # ids >= this are permutation tokens (68)
+
+
 def score(logits, targets, control):
-    """Per example: (all labelled positions right?, right answer tokens, answer tokens), where the answers
-    are the recurrent segment (states and codes, c >= 2); the dictionary copy counts only in the first.
-    logits (B, T, V), targets and control (B, T) -> three (B,) tensors."""
+    """Per example counts, each a (B,) tensor, from logits (B, T, V) and targets, control (B, T):
+    seq: 1 if every labelled position is right (the dictionary copy included), else 0;
+    answers / answers_right: tokens of the recurrent segment (c >= 2: states and codes) and how many are right;
+    states / states_right: the same for the state tokens alone (the permutation answers), codes = the rest."""
     labelled = targets != -1
     right = (logits.argmax(-1) == targets) & labelled
     answers = control >= 2
-    seq_right = (right | ~labelled).all(dim=1)
-    return seq_right, (right & answers).sum(dim=1), answers.sum(dim=1)
+    states = answers & (targets >= FIRST_PERM_ID)
+    return {"seq": (right | ~labelled).all(dim=1).long(),
+            "answers": answers.sum(dim=1), "answers_right": (right & answers).sum(dim=1),
+            "states": states.sum(dim=1), "states_right": (right & states).sum(dim=1)}
 
 
 @torch.no_grad()
 def evaluate(model, s5: S5Config, n_values, examples_per_n: int, device, autocast, batch_size: int = 64):
-    """{n: {"seq_acc", "token_acc"}} on fixed test examples (the same for every model: seeded by n alone)."""
+    """{n: {"seq_acc", "token_acc", "state_acc", "code_acc"}} on fixed test examples (the same for every
+    model: seeded by n alone). token_acc is over all answer tokens, state_acc over the state tokens,
+    code_acc over the retrieved code characters."""
     was_training = model.training
     model.eval()
     results = {}
     for n in n_values:
         rng = random.Random(1_000_003 * n + 7)
         examples = [make_example(n, rng, s5.value_len) for _ in range(examples_per_n)]
-        seq, tok, total = 0, 0, 0
+        totals = {}
         for i in range(0, len(examples), batch_size):
             idx, targets, control = make_batch(examples[i:i + batch_size], device)
             with autocast:
                 logits, _ = model(idx, control=control)
-            s, r, a = score(logits, targets, control)
-            seq, tok, total = seq + s.sum().item(), tok + r.sum().item(), total + a.sum().item()
-        results[n] = {"seq_acc": seq / len(examples), "token_acc": tok / total}
+            for key, counts in score(logits, targets, control).items():
+                totals[key] = totals.get(key, 0) + counts.sum().item()
+        codes, codes_right = totals["answers"] - totals["states"], totals["answers_right"] - totals["states_right"]
+        results[n] = {"seq_acc": totals["seq"] / len(examples), "token_acc": totals["answers_right"] / totals["answers"],
+                      "state_acc": totals["states_right"] / totals["states"], "code_acc": codes_right / codes}
     model.train(was_training)
     return results
 
@@ -243,12 +253,15 @@ def train_batch(s5: S5Config, seed: int, step: int, batch_size: int, device):
 def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
     """Train one model as configured and evaluate it at every n of the test range. Resumable: with
     init_from='resume' it continues out_dir/ckpt.pt; a finished run (out_dir/results.json) is not retrained.
-    Returns the results dict (also written to out_dir/results.json)."""
+    Give the run's config again to resume (a different model or task config is refused); a larger max_iters
+    continues a finished run. Returns the results dict (also written to out_dir/results.json)."""
     results_path = os.path.join(cfg.out_dir, "results.json")
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     if os.path.exists(results_path):
         with open(results_path) as f:
-            return json.load(f)
+            results = json.load(f)
+        if results["steps"] == cfg.max_iters:                      # finished: skip (a longer max_iters continues it)
+            return results
     needed = s5.max_len(max(s5.train_max_n, s5.test_max_n))
     if s5.arch == "gpt" and model_cfg.block_size < needed:
         raise ConfigError(f"block_size = {model_cfg.block_size} is shorter than the longest example, "
@@ -265,6 +278,10 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
     state = {"step": 0, "seconds": 0.0, "curve": []}
     if cfg.init_from == "resume" and os.path.exists(ckpt_path):
         ckpt = load_checkpoint(ckpt_path)
+        differ = [k for config, key in ((model_cfg, "model_config"), (s5, "s5_config"))
+                  for k, v in asdict(config).items() if ckpt[key].get(k) != v]
+        if differ:
+            raise RunError(f"{ckpt_path} was trained with other values of {', '.join(differ)}: resume with its config")
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         state = ckpt["state"]
@@ -331,9 +348,10 @@ COMPARE = {"T²MLR": "config/s5_tiny_t2mlr.py", "transformer": "config/s5_tiny_t
            "LSTM": "config/s5_tiny_lstm.py"}
 
 
-def compare(overrides, root="out/s5", figure="assets/s5_retrieval.png"):
-    """Train (or resume, or skip when finished) every model of COMPARE with the same overrides, then write
-    root/compare.json and the figure. Returns {name: results}."""
+def compare(overrides, root="out/s5", assets="assets"):
+    """Train (or resume, or skip when finished) every model of COMPARE with the same overrides into
+    root/<config name>, then write the numbers and the figures to assets/s5_retrieval[_<root name>].json,
+    .png and _curves.png (no suffix for the default root). Returns {name: results}."""
     all_results = {}
     for i, (name, path) in enumerate(COMPARE.items()):
         out_dir = os.path.join(root, os.path.splitext(os.path.basename(path))[0])
@@ -341,12 +359,12 @@ def compare(overrides, root="out/s5", figure="assets/s5_retrieval.png"):
         (model_cfg, cfg, s5), _ = load_config([path, *overrides, f"--out_dir={out_dir}", *resume], GPTConfig, TrainConfig, S5Config)
         print(f"[{i + 1}/{len(COMPARE)}] {name}")
         all_results[name] = train(model_cfg, cfg, s5)
-    os.makedirs(root, exist_ok=True)
-    summary = {name: {k: v for k, v in r.items() if k not in ("model_config", "train_config", "s5_config")}
-               for name, r in all_results.items()}
-    with open(os.path.join(root, "compare.json"), "w") as f:
-        json.dump({"command": "python s5_retrieval.py --compare " + " ".join(overrides), "results": summary}, f, indent=1)
-    plot(all_results, figure)
+    stem = os.path.join(assets, "s5_retrieval" + ("" if os.path.normpath(root) == "out/s5" else "_" + os.path.basename(os.path.normpath(root))))
+    os.makedirs(assets, exist_ok=True)
+    command = " ".join(["python s5_retrieval.py --compare", *overrides] + ([f"--out_dir={root}"] if stem != os.path.join(assets, "s5_retrieval") else []))
+    with open(stem + ".json", "w") as f:
+        json.dump({"command": command, "results": all_results}, f, indent=1)
+    plot(all_results, stem + ".png")
     return all_results
 
 
@@ -378,6 +396,30 @@ def plot(all_results, path):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    plot_curves(all_results, path.replace(".png", "_curves.png"), plt)
+
+
+def plot_curves(all_results, path, plt):
+    """The learning curves: training loss and answer-token accuracy at the longest training n and at twice
+    it (the quick evaluations during training) against the step, one line per model."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for i, (name, r) in enumerate(all_results.items()):
+        color = f"C{i}"
+        curve = r["curve"]
+        axes[0].plot([row["step"] for row in curve], [row["loss"] for row in curve], color=color, label=name)
+        for key, style in ((k, "-" if j == 0 else "--") for j, k in enumerate(sorted(
+                {k for row in curve for k in row if k.startswith("token_acc@")}, key=lambda k: int(k.split("@")[1])))):
+            rows = [row for row in curve if key in row]
+            axes[1].plot([row["step"] for row in rows], [row[key] for row in rows], style, color=color,
+                         label=f"{name}, n = {key.split('@')[1]}")
+    axes[0].set(xlabel="step", ylabel="training loss (nats per labelled token)", yscale="log")
+    axes[1].set(xlabel="step", ylabel="answer-token accuracy", ylim=(-0.02, 1.02))
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 QUICK = ["config/s5_tiny_t2mlr.py", "--max_iters=30", "--eval_interval=30", "--log_interval=10", "--train_max_n=4",
@@ -389,8 +431,7 @@ def main(argv):
     if "--compare" in argv:
         rest = [a for a in argv if a != "--compare"]
         root = next((a.split("=", 1)[1] for a in rest if a.startswith("--out_dir=")), "out/s5")
-        figure = "assets/s5_retrieval.png" if root == "out/s5" else os.path.join(root, "s5_retrieval.png")
-        results = compare([a for a in rest if not a.startswith("--out_dir=")], root, figure)
+        results = compare([a for a in rest if not a.startswith("--out_dir=")], root)
         for name, r in results.items():
             print(f"{name}: {r['params']:,} params, {r['train_seconds'] / 60:.1f} min; " + ", ".join(
                 f"n={n}: seq {r['per_n'][str(n)]['seq_acc']:.2f} tok {r['per_n'][str(n)]['token_acc']:.3f}"

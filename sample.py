@@ -27,6 +27,7 @@ class SampleConfig:
     temperature: float = 0.8              # < 1 sharpens, > 1 flattens the distribution; 0 = greedy
     top_k: Optional[int] = 200            # sample among the k most likely tokens (clamped to the vocabulary); None = all
     seed: int = 1337                      # seeds the sampling generator: same seed, same samples
+    recurrent_prompt: bool = True         # T²MLR: the prompt's tokens recurrent (c = 2), as train.py trains on text; False = c = 1
     device: str = "auto"                  # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'mps'
     dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), 'float32', 'bfloat16', 'float16'
 
@@ -69,7 +70,8 @@ def main(argv):
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
 
     with autocast:
-        out = model.generate(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, generator=generator)
+        out = model.generate(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, generator=generator,
+                             recurrent_prompt=cfg.recurrent_prompt)
     for row in out.tolist():
         # ids >= the tokenizer's vocabulary are padding rows of the embedding, never seen in training; drop
         # them so decoding cannot fail on an untrained model

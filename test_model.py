@@ -128,7 +128,7 @@ def test_generate_greedy_matches_argmax_of_full_forward():
             with torch.no_grad():
                 model.gate.theta_r.fill_(0.5)
         idx = torch.randint(0, 64, (2, 5))
-        out = model.generate(idx, 12, temperature=0)
+        out = model.generate(idx, 12, temperature=0, recurrent_prompt=True)     # every token c = 2 = control None
         for t in range(5, 17):
             assert torch.equal(model(out[:, :t])[0][:, -1].argmax(-1), out[:, t])
 
@@ -282,12 +282,15 @@ def test_rope_pct_zero_is_nope(flavour):
 # -----------------------------------------------------------------------------
 # Generation at the edges: tiny windows, extreme sampling settings
 
-def greedy_by_full_recompute(model, idx, n):
+def greedy_by_full_recompute(model, idx, n, recurrent_prompt=False):
     """The slow obvious reference: each step runs the model without cache on the last block_size tokens
-    (T²MLR in eval: the exact recurrence, from R = 0 at the window's first token) and takes the argmax."""
+    (T²MLR in eval: the exact recurrence, from R = 0 at the window's first token; the prompt's control
+    flow c = 1, or 2 with recurrent_prompt, and c = 2 for generated tokens) and takes the argmax."""
+    control = torch.full_like(idx, 2 if recurrent_prompt else 1)
     for _ in range(n):
-        logits, _ = model(idx[:, -model.cfg.block_size:])
+        logits, _ = model(idx[:, -model.cfg.block_size:], control=control[:, -model.cfg.block_size:])
         idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        control = torch.cat([control, torch.full_like(control[:, :1], 2)], dim=1)
     return idx
 
 
@@ -309,8 +312,9 @@ def test_generate_equals_full_recompute_over_the_window(variant, block_size):
             model.gate.theta_r.fill_(0.5)          # the recurrence is active
     for T in (1, block_size, block_size + 2):
         idx = torch.randint(0, 64, (2, T))
-        out = model.generate(idx, 3 * block_size + 2, temperature=0)
-        assert torch.equal(out, greedy_by_full_recompute(model, idx, 3 * block_size + 2)), T
+        for recurrent_prompt in (False, True):
+            out = model.generate(idx, 3 * block_size + 2, temperature=0, recurrent_prompt=recurrent_prompt)
+            assert torch.equal(out, greedy_by_full_recompute(model, idx, 3 * block_size + 2, recurrent_prompt)), T
 
 
 def test_generate_block_size_1_from_the_issue():
@@ -377,3 +381,21 @@ def test_float64_model_has_float64_rotary_tables_and_loss():
     keep = targets >= 0
     expected = -log_probs[keep].gather(-1, targets[keep][:, None]).mean()
     assert loss.dtype == torch.float64 and (loss - expected).abs() <= 1e-12
+
+
+def test_generate_marks_the_prompt_non_recurrent_by_default():
+    """T²MLR generation: prompt c = 1, generated tokens c = 2 (the reference's control flow); the default and
+    recurrent_prompt=True really differ, and each matches the exact forward with its control flow."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, **GENERATE_VARIANTS["t2mlr"])).double().eval()
+    with torch.no_grad():
+        model.gate.theta_r.fill_(0.8)
+        model.gate.theta_x.fill_(-0.4)
+    idx = torch.randint(0, 64, (2, 6))
+    plain, recurrent = model.generate(idx, 10, temperature=0), model.generate(idx, 10, temperature=0, recurrent_prompt=True)
+    control = torch.cat([torch.ones(2, 6, dtype=torch.long), torch.full((2, 10), 2)], dim=1)
+    for t in range(6, 16):
+        assert torch.equal(model(plain[:, :t], control=control[:, :t])[0][:, -1].argmax(-1), plain[:, t])
+        assert torch.equal(model(recurrent[:, :t])[0][:, -1].argmax(-1), recurrent[:, t])
+    first = model(idx, control=control[:, :6])[0][:, -1] - model(idx)[0][:, -1]
+    assert first.abs().max() > 1e-3                                # the prompt's marking changes the logits

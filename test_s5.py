@@ -8,6 +8,7 @@ Run: python -m pytest -q test_s5.py
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -121,19 +122,47 @@ def test_metrics_on_hand_made_predictions():
     rng = random.Random(0)
     idx, targets, control = make_batch([make_example(2, rng), make_example(1, rng)])
     perfect = torch.nn.functional.one_hot(targets.clamp_min(0), 188).double()
-    seq, right, total = score(perfect, targets, control)
-    assert seq.tolist() == [True, True] and right.tolist() == [10, 5] and total.tolist() == [10, 5]
+    counts = lambda logits: {k: v.tolist() for k, v in score(logits, targets, control).items()}
+    assert counts(perfect) == {"seq": [1, 1], "answers": [10, 5], "answers_right": [10, 5],
+                               "states": [2, 1], "states_right": [2, 1]}
     one_wrong = perfect.clone()
-    one_wrong[0, -1] = torch.nn.functional.one_hot((targets[0, -1] + 1) % 188, 188)   # last code char
-    seq, right, _ = score(one_wrong, targets, control)
-    assert seq.tolist() == [False, True] and right.tolist() == [9, 5]
+    one_wrong[0, -1] = torch.nn.functional.one_hot((targets[0, -1] + 1) % 188, 188)   # the last code character
+    assert counts(one_wrong) == {"seq": [0, 1], "answers": [10, 5], "answers_right": [9, 5],
+                                 "states": [2, 1], "states_right": [2, 1]}
+    state_wrong = perfect.clone()
+    state_wrong[1, 6] = torch.nn.functional.one_hot((targets[1, 6] + 1) % 188, 188)   # the only state of row 1
+    assert counts(state_wrong)["states_right"] == [2, 0] and counts(state_wrong)["seq"] == [1, 0]
     prompt_wrong = perfect.clone()
-    prompt_wrong[1, 0] = torch.nn.functional.one_hot((targets[1, 0] + 1) % 188, 188)   # dictionary copy
-    seq, right, _ = score(prompt_wrong, targets, control)
-    assert seq.tolist() == [True, False] and right.tolist() == [10, 5]     # answers all right, sequence wrong
+    prompt_wrong[1, 0] = torch.nn.functional.one_hot((targets[1, 0] + 1) % 188, 188)   # the dictionary copy
+    assert counts(prompt_wrong)["seq"] == [1, 0] and counts(prompt_wrong)["answers_right"] == [10, 5]
     padded_garbage = perfect.clone()
     padded_garbage[1, 12:] = 0.0                                   # predictions at padding are never scored
-    assert score(padded_garbage, targets, control)[0].tolist() == [True, True]
+    assert counts(padded_garbage)["seq"] == [1, 1]
+
+
+def test_evaluate_aggregates_per_n():
+    """A model that predicts the targets perfectly except every state token scores 0 state and 1 code accuracy."""
+    from s5_retrieval import evaluate
+    from train import autocast_context
+
+    class Oracle(torch.nn.Module):
+        def __init__(self, break_states):
+            super().__init__()
+            self.break_states = break_states
+
+        def forward(self, idx, control=None):
+            n = int((control == 2).sum(dim=1)[0]) // 5
+            rng = random.Random(1_000_003 * n + 7)             # evaluate()'s own test examples
+            _, targets, _ = make_batch([make_example(n, rng) for _ in range(idx.shape[0])])
+            if self.break_states:
+                targets = torch.where(targets >= 68, 68 + (targets - 67) % 120, targets)
+            return torch.nn.functional.one_hot(targets.clamp_min(0), 188).double(), None
+
+    s5 = S5Config()
+    good = evaluate(Oracle(False), s5, [1, 3], 8, "cpu", autocast_context("cpu", torch.float32))
+    assert good == {n: {"seq_acc": 1.0, "token_acc": 1.0, "state_acc": 1.0, "code_acc": 1.0} for n in (1, 3)}
+    bad = evaluate(Oracle(True), s5, [3], 8, "cpu", autocast_context("cpu", torch.float32))
+    assert bad[3] == {"seq_acc": 0.0, "token_acc": 0.8, "state_acc": 0.0, "code_acc": 1.0}
 
 
 def test_lstm_is_tied_and_parameter_matched():
@@ -170,3 +199,56 @@ def test_quick_run_lowers_the_training_loss(tmp_path):
     assert curve[-1] < curve[0] - 0.5, curve
     assert sorted(map(int, results["per_n"])) == list(range(1, 7))
     assert "n=  6: sequence accuracy" in result.stdout
+
+
+def test_resume_continues_exactly(tmp_path):
+    """Stopped at step 2 (on the schedule of 4 steps) and resumed: the same weights, losses and accuracies as an
+    uninterrupted run of 4 steps; a finished run is returned as is; another model config is refused."""
+    from configurator import load_config
+    from model import GPTConfig
+    from s5_retrieval import train
+    from train import RunError, TrainConfig
+    tiny = ["config/s5_tiny_t2mlr.py", "--n_layer=2", "--l_end=1", "--n_embd=32", "--n_head=2", "--n_kv_head=2",
+            "--mlp_hidden=64", "--jacobi_iters=4", "--jacobi_grad_iters=2", "--train_max_n=3", "--test_max_n=3",
+            "--batch_size=4", "--eval_examples=4", "--warmup_iters=1", "--log_interval=1", "--eval_interval=2",
+            "--lr_decay_iters=4"]
+    run = lambda *extra: train(*load_config([*tiny, *extra], GPTConfig, TrainConfig, S5Config)[0], log=lambda _: None)
+    whole = run("--max_iters=4", f"--out_dir={tmp_path / 'whole'}")
+    run("--max_iters=2", f"--out_dir={tmp_path / 'split'}")
+    split = run("--max_iters=4", f"--out_dir={tmp_path / 'split'}", "--init_from=resume")
+    assert [r["loss"] for r in split["curve"]] == [r["loss"] for r in whole["curve"]]
+    assert split["per_n"] == whole["per_n"]
+    a, b = (torch.load(tmp_path / d / "ckpt.pt", weights_only=True)["model"] for d in ("whole", "split"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert run("--max_iters=4", f"--out_dir={tmp_path / 'split'}")["curve"] == split["curve"]     # finished: skipped
+    with pytest.raises(RunError, match="n_embd"):
+        run("--max_iters=6", f"--out_dir={tmp_path / 'split'}", "--init_from=resume", "--n_embd=64", "--n_head=4",
+            "--n_kv_head=4")
+
+
+def test_plot_writes_the_figure_and_the_curves(tmp_path):
+    pytest.importorskip("matplotlib")
+    from s5_retrieval import plot
+    fake = lambda acc: {"params": 1_000_000, "per_n": {str(n): {"seq_acc": acc / n, "token_acc": acc} for n in range(1, 5)},
+                        "curve": [{"step": 10, "loss": 2.0, "token_acc@2": 0.1, "token_acc@4": 0.05},
+                                  {"step": 20, "loss": 1.0, "token_acc@2": acc, "token_acc@4": acc / 2}],
+                        "model_config": {"n_layer": 2}, "s5_config": {"train_max_n": 2}}
+    plot({"T²MLR": fake(0.9), "LSTM": fake(0.3)}, str(tmp_path / "s5.png"))
+    for name in ("s5.png", "s5_curves.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--train_max_n=0"], r"train_max_n = 0 must be >= 1"),
+    (["--train_min_n=5", "--train_max_n=3"], r"need train_min_n <= train_max_n"),
+    (["--arch=gru"], r"arch 'gru' is not one of 'gpt', 'lstm'"),
+    (["--test_max_n=30"], r"block_size = 256 is shorter than the longest example, 301 tokens at n = 30"),
+    (["--vocab_size=100"], r"vocab_size = 100 is smaller than the S5 vocabulary, 188"),
+])
+def test_bad_input_is_one_error_line(tmp_path, args, message):
+    result = subprocess.run([sys.executable, "s5_retrieval.py", "config/s5_tiny_t2mlr.py", f"--out_dir={tmp_path}/run", *args],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert re.search(message, lines[0]), lines[0]
+    assert not (tmp_path / "run").exists()                          # nothing written
