@@ -369,29 +369,38 @@ def compare(overrides, root="out/s5", assets="assets"):
 
 
 def plot(all_results, path):
-    """Two rows (sequence accuracy, token accuracy) against n, one line per model; vertical lines at the
-    transformer's depth bound 2^L and at the longest training n."""
+    """Sequence accuracy and answer-token accuracy against n (the paper's two panels), plus the accuracy on
+    the state tokens alone, one line per model; vertical lines at the transformer's depth bound 2^L and
+    at the longest training n. The state panel's grey curve 1/n is what copying the first action (the
+    first state) and nothing else scores."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    panels = (("seq_acc", "sequence accuracy"), ("token_acc", "token accuracy (answers)"),
+              ("state_acc", "state-token accuracy"))
+    fig, axes = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
     for name, r in all_results.items():
         ns = sorted(map(int, r["per_n"]))
-        for ax, key in zip(axes, ("seq_acc", "token_acc")):
-            ax.plot(ns, [r["per_n"][str(n)][key] for n in ns], marker="o", ms=3,
-                    label=f"{name} ({r['params'] / 1e6:.2f}M params)")
+        for ax, (key, _) in zip(axes, panels):
+            if key in r["per_n"][str(ns[0])]:
+                ax.plot(ns, [r["per_n"][str(n)][key] for n in ns], marker="o", ms=3,
+                        label=f"{name} ({r['params'] / 1e6:.2f}M params)")
+    ns = sorted(map(int, next(iter(all_results.values()))["per_n"]))
+    axes[2].plot(ns, [1 / n for n in ns], color="grey", lw=1, label="1/n: the first state only")
     first = next(iter(all_results.values()))
     depth_bound, train_max = 2 ** first["model_config"]["n_layer"], first["s5_config"]["train_max_n"]
-    for ax, label in zip(axes, ("sequence accuracy", "token accuracy (answers)")):
-        ax.axvline(depth_bound, color="grey", ls="--", lw=1)
+    for ax, (_, label) in zip(axes, panels):
+        if depth_bound <= max(ns):
+            ax.axvline(depth_bound, color="grey", ls="--", lw=1)
         ax.axvline(train_max, color="black", ls=":", lw=1)
         ax.set_ylabel(label)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
+    axes[2].legend(fontsize=7)
     axes[0].set_title(f"S5-Retrieval: dashed 2^L = {depth_bound} (L = {first['model_config']['n_layer']} layers), "
-                      f"dotted = longest training n", fontsize=9)
-    axes[1].set_xlabel("n (actions)")
+                      f"dotted = longest training n ({train_max})", fontsize=9)
+    axes[2].set_xlabel("n (actions)")
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=120)

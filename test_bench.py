@@ -49,9 +49,9 @@ class LinearChain(torch.nn.Module):
 
 def chain_memory(dead):
     torch.manual_seed(0)
-    model = LinearChain(dead=dead)
+    model = LinearChain(dead=dead).float()          # float32 by hand, whatever the default dtype (test_equivalence sets float64)
     optimizer = torch.optim.AdamW(model.parameters())
-    x = torch.randn(32, 64)
+    x = torch.randn(32, 64, dtype=torch.float32)
     return bench.train_memory_mb(model, optimizer, x, None, "cpu", nullcontext()), model
 
 
@@ -73,9 +73,9 @@ def test_discarded_graphs_neither_count_nor_stay_alive():
 
 def test_meter_releases_what_backward_used():
     """After backward nothing is held any more (live 0), and the peak is what was held when backward began."""
-    model = LinearChain()
+    model = LinearChain().float()
     with bench.SavedTensorMeter(exclude=model.parameters()) as meter:
-        _, loss = model(torch.randn(8, 64), None)
+        _, loss = model(torch.randn(8, 64, dtype=torch.float32), None)
     assert meter.live == meter.peak == 4 * 8 * 64 * 4
     loss.backward()
     assert meter.live == 0 and meter.peak == 4 * 8 * 64 * 4

@@ -415,3 +415,21 @@ def test_recurrent_token_after_a_prompt_receives_its_raw_h():
     expected = model.lm_head(model.ln_f(model.run_layers(h, upper, 0)))
     got = model(idx, mode="exact", control=torch.tensor([[1, 2]]))[0]
     assert (got - expected).abs().max() <= 1e-12
+
+
+def test_identity_gate_still_receives_gradient_with_control_flow():
+    """At the reference init (θ = 0: the gate is an identity) only θ gets gradient, and it must: the state of a
+    prompt-then-recurrent sequence reaches θ_r, with the same value in Jacobi (D >= T, b >= D) and exact mode."""
+    T = 12
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**dict(VARIANTS["t2mlr_llama"], jacobi_iters=T, jacobi_grad_iters=T, rope_pct=0.0,
+                                 state_detach=True, gate_bias_prob=0.5))).train()
+    idx, targets, control = tokens(T=T), tokens(T=T, seed=2), mixed_control(T)
+    grads = {}
+    for mode in ("jacobi", "exact"):
+        model.zero_grad()
+        model(idx, targets, mode=mode, control=control)[1].backward()
+        grads[mode] = (model.gate.theta_r.grad.item(), model.gate.proj.weight.grad.abs().max().item())
+    assert abs(grads["jacobi"][0]) > 1e-6
+    assert grads["jacobi"][0] == pytest.approx(grads["exact"][0], rel=1e-9, abs=1e-15)
+    assert grads["jacobi"][1] == 0.0 and grads["exact"][1] == 0.0      # W_p is behind γ_r = tanh(0) = 0
