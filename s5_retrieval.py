@@ -12,15 +12,16 @@ an L-layer transformer covers about 2^L actions. A recurrent state, as T²MLR ca
 needs one step per action; an LSTM also tracks state, but must squeeze the whole dictionary into its
 fixed-size state to do the retrieval.
 
-    python s5_retrieval.py config/s5_tiny_t2mlr.py     # train + evaluate one model (resumable, like train.py)
-    python s5_retrieval.py --compare                   # the laptop comparison of three models -> figure + JSON
+    python s5_retrieval.py config/s5_tiny_t2mlr.py     # train + evaluate one model (out/s5/s5_tiny_t2mlr)
+    python s5_retrieval.py config/s5_tiny_t2mlr.py --init_from=resume    # continue it (give its config again)
+    python s5_retrieval.py --compare                   # three models, then out/s5/s5_retrieval.{json,png}
     python s5_retrieval.py --quick                     # a one-minute smoke run
     python s5_retrieval.py config/s5_t2mlr.py          # the paper's settings (a GPU; 400k steps)
 
 Format (the reference's generator): input = `<A_key>v1v2v3v4` for every dictionary entry, `|`, then
 `<A_act>␣␣␣␣` per action; target = the same dictionary and `|`, then `<A_state>` and the action key's code
 per action. Labels are not shifted: logits[t] predict target[t]. control = 1 (non-recurrent) on the
-dictionary and `|`, 2 (recurrent) on the actions. Sequence length (2 + 2·value_len)·n + 1.
+dictionary and `|`, 2 (recurrent) on the actions and their blanks. Sequence length (2 + 2·value_len)·n + 1.
 """
 
 import itertools
@@ -136,8 +137,9 @@ def make_batch(examples, device="cpu"):
 
 # -----------------------------------------------------------------------------
 # Configuration: GPTConfig (model.py) and TrainConfig (train.py: optimizer, schedule, out_dir, seed,
-# device) plus the task's own keys. TrainConfig's data keys (dataset, data_dir, total_batch_size,
-# eval_iters, val_mode, compile) are not used here: batches are generated, one batch per step.
+# device) plus the task's own keys. TrainConfig's dataset, data_dir, total_batch_size, eval_iters, val_mode,
+# compile, progress and peak_flops are not used here: batches are generated, one per step; init_from is
+# 'scratch' or 'resume'.
 
 @dataclass
 class S5Config:
@@ -149,7 +151,7 @@ class S5Config:
     value_len: int = 4                    # characters per dictionary code
     eval_examples: int = 64               # test examples per n in the final evaluation (during training: a quarter)
     lstm_layers: int = 4                  # the LSTM baseline (arch='lstm')
-    lstm_hidden: int = 360
+    lstm_hidden: int = 360                # the reference sweep's width (not parameter-matched; the configs match)
 
     def __post_init__(self):
         if self.arch not in ("gpt", "lstm"):
@@ -250,6 +252,16 @@ def train_batch(s5: S5Config, seed: int, step: int, batch_size: int, device):
     return make_batch(examples, device)
 
 
+def check_same_run(saved, model_cfg: GPTConfig, s5: S5Config, path):
+    """Raise RunError unless the checkpoint or results dict `saved` (read from `path`) was made with these
+    model and task configs: a run is only ever continued or reused with its own settings."""
+    differ = [k for config, key in ((model_cfg, "model_config"), (s5, "s5_config"))
+              for k, v in asdict(config).items() if saved[key].get(k) != v]
+    if differ:
+        raise RunError(f"{path} was made with other values of {', '.join(differ)}: give that run's config, "
+                       f"or another out_dir")
+
+
 def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
     """Train one model as configured and evaluate it at every n of the test range. Resumable: with
     init_from='resume' it continues out_dir/ckpt.pt; a finished run (out_dir/results.json) is not retrained.
@@ -257,9 +269,12 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
     continues a finished run. Returns the results dict (also written to out_dir/results.json)."""
     results_path = os.path.join(cfg.out_dir, "results.json")
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if cfg.init_from not in ("scratch", "resume"):
+        raise ConfigError(f"init_from {cfg.init_from!r}: s5_retrieval.py starts from 'scratch' or continues with 'resume'")
     if os.path.exists(results_path):
         with open(results_path) as f:
             results = json.load(f)
+        check_same_run(results, model_cfg, s5, results_path)
         if results["steps"] == cfg.max_iters:                      # finished: skip (a longer max_iters continues it)
             return results
     needed = s5.max_len(max(s5.train_max_n, s5.test_max_n))
@@ -276,12 +291,12 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
     # GPT's optimizer rule (decay on >= 2-D tensors) applies to the LSTM's parameters unchanged
     optimizer = GPT.configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
     state = {"step": 0, "seconds": 0.0, "curve": []}
-    if cfg.init_from == "resume" and os.path.exists(ckpt_path):
-        ckpt = load_checkpoint(ckpt_path)
-        differ = [k for config, key in ((model_cfg, "model_config"), (s5, "s5_config"))
-                  for k, v in asdict(config).items() if ckpt[key].get(k) != v]
-        if differ:
-            raise RunError(f"{ckpt_path} was trained with other values of {', '.join(differ)}: resume with its config")
+    if cfg.init_from == "resume":
+        ckpt = load_checkpoint(ckpt_path)                           # RunError when there is none
+        check_same_run(ckpt, model_cfg, s5, ckpt_path)
+        if ckpt["state"]["step"] > cfg.max_iters:
+            raise ConfigError(f"max_iters = {cfg.max_iters} is below the {ckpt['state']['step']} steps {ckpt_path} "
+                              f"has already trained; give max_iters >= {ckpt['state']['step']}")
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         state = ckpt["state"]
@@ -320,12 +335,14 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
         if step % cfg.eval_interval == 0 or step == cfg.max_iters:
             probe_ns = sorted({s5.train_max_n, min(2 * s5.train_max_n, s5.test_max_n)})
             quick = evaluate(model, s5, probe_ns, max(1, s5.eval_examples // 4), device, autocast)
+            if not state["curve"] or state["curve"][-1]["step"] != step:   # eval_interval off the log grid
+                state["curve"].append({"step": step})
             state["curve"][-1].update({f"seq_acc@{n}": r["seq_acc"] for n, r in quick.items()}
                                       | {f"token_acc@{n}": r["token_acc"] for n, r in quick.items()})
             state["seconds"] = time.time() - t0
             row = state["curve"][-1]
             eta = state["seconds"] / step * (cfg.max_iters - step)
-            log(f"step {step}: loss {row['loss']:.4f}, " + ", ".join(
+            log(f"step {step}: " + (f"loss {row['loss']:.4f}, " if "loss" in row else "") + ", ".join(
                 f"n={n} seq {r['seq_acc']:.2f} tok {r['token_acc']:.3f}" for n, r in quick.items())
                 + f", {state['seconds'] / 60:.1f} min, ETA {eta / 60:.1f} min")
             checkpoint()
@@ -348,10 +365,10 @@ COMPARE = {"T²MLR": "config/s5_tiny_t2mlr.py", "transformer": "config/s5_tiny_t
            "LSTM": "config/s5_tiny_lstm.py"}
 
 
-def compare(overrides, root="out/s5", assets="assets"):
-    """Train (or resume, or skip when finished) every model of COMPARE with the same overrides into
-    root/<config name>, then write the numbers and the figures to assets/s5_retrieval[_<root name>].json,
-    .png and _curves.png (no suffix for the default root). Returns {name: results}."""
+def compare(overrides, root="out/s5"):
+    """Train (or resume, or reuse when finished) every model of COMPARE with the same overrides into
+    root/<config name>, then write the numbers and figures beside them: root/s5_retrieval.json, .png and
+    _curves.png. Returns ({name: results}, [paths written])."""
     all_results = {}
     for i, (name, path) in enumerate(COMPARE.items()):
         out_dir = os.path.join(root, os.path.splitext(os.path.basename(path))[0])
@@ -359,13 +376,12 @@ def compare(overrides, root="out/s5", assets="assets"):
         (model_cfg, cfg, s5), _ = load_config([path, *overrides, f"--out_dir={out_dir}", *resume], GPTConfig, TrainConfig, S5Config)
         print(f"[{i + 1}/{len(COMPARE)}] {name}")
         all_results[name] = train(model_cfg, cfg, s5)
-    stem = os.path.join(assets, "s5_retrieval" + ("" if os.path.normpath(root) == "out/s5" else "_" + os.path.basename(os.path.normpath(root))))
-    os.makedirs(assets, exist_ok=True)
-    command = " ".join(["python s5_retrieval.py --compare", *overrides] + ([f"--out_dir={root}"] if stem != os.path.join(assets, "s5_retrieval") else []))
+    stem = os.path.join(root, "s5_retrieval")
+    command = " ".join(["python s5_retrieval.py --compare", *overrides] + ([f"--out_dir={root}"] if root != "out/s5" else []))
     with open(stem + ".json", "w") as f:
         json.dump({"command": command, "results": all_results}, f, indent=1)
     plot(all_results, stem + ".png")
-    return all_results
+    return all_results, [stem + ".json", stem + ".png", stem + "_curves.png"]
 
 
 def plot(all_results, path):
@@ -398,8 +414,8 @@ def plot(all_results, path):
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     axes[2].legend(fontsize=7)
-    axes[0].set_title(f"S5-Retrieval: dashed 2^L = {depth_bound} (L = {first['model_config']['n_layer']} layers), "
-                      f"dotted = longest training n ({train_max})", fontsize=9)
+    bound = f"dashed 2^L = {depth_bound} (L = {first['model_config']['n_layer']} layers), " if depth_bound <= max(ns) else ""
+    axes[0].set_title(f"S5-Retrieval: {bound}dotted = longest training n ({train_max})", fontsize=9)
     axes[2].set_xlabel("n (actions)")
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -437,10 +453,18 @@ QUICK = ["config/s5_tiny_t2mlr.py", "--max_iters=30", "--eval_interval=30", "--l
 
 def main(argv):
     """Raises ConfigError or RunError."""
+    files = [a for a in argv if not a.startswith("--")]
+    if "--compare" in argv or "--quick" in argv:
+        if files:                       # they bring their own configs: a file would silently override them
+            raise ConfigError(f"{'--compare' if '--compare' in argv else '--quick'} takes --key=value overrides only, "
+                              f"not a config file ({files[0]})")
+    elif not files:
+        raise ConfigError("give a config file (e.g. config/s5_tiny_t2mlr.py), --quick or --compare")
     if "--compare" in argv:
         rest = [a for a in argv if a != "--compare"]
         root = next((a.split("=", 1)[1] for a in rest if a.startswith("--out_dir=")), "out/s5")
-        results = compare([a for a in rest if not a.startswith("--out_dir=")], root)
+        results, written = compare([a for a in rest if not a.startswith("--out_dir=")], root)
+        print("wrote " + ", ".join(written))
         for name, r in results.items():
             print(f"{name}: {r['params']:,} params, {r['train_seconds'] / 60:.1f} min; " + ", ".join(
                 f"n={n}: seq {r['per_n'][str(n)]['seq_acc']:.2f} tok {r['per_n'][str(n)]['token_acc']:.3f}"

@@ -52,6 +52,8 @@ def main(argv):
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     model, ckpt = load_model(path, device)             # eval mode: T²MLR generates with the exact recurrence
     model_cfg = model.cfg
+    if "tokenizer" not in ckpt:          # e.g. an s5_retrieval.py run, which scores itself
+        raise RunError(f"{path} names no tokenizer: it is not a checkpoint of train.py")
     tokenizer = get_tokenizer(ckpt["tokenizer"])
     print(f"{path}: step {ckpt['step']}, val loss {ckpt['val_loss']:.4f}", file=sys.stderr)
 

@@ -175,18 +175,20 @@ def test_lstm_is_tied_and_parameter_matched():
     assert logits.shape == (2, 5, 188) and torch.isfinite(loss)
 
 
-def test_configs_are_parameter_matched():
-    """The laptop comparison's LSTM has within 5% of the T²MLR model's parameters."""
+@pytest.mark.parametrize("prefix, width", [("s5_tiny_", 128), ("s5_", 384)])
+def test_configs_are_parameter_matched(prefix, width):
+    """Each comparison's LSTM has within 5% of its T²MLR model's parameters (laptop and paper settings); the
+    transformer is the T²MLR model without its gate."""
     from configurator import load_config
     from model import GPT, GPTConfig
     from train import TrainConfig
     counts = {}
     for name in ("t2mlr", "transformer", "lstm"):
-        (model_cfg, _, s5), _ = load_config([f"config/s5_tiny_{name}.py"], GPTConfig, TrainConfig, S5Config)
+        (model_cfg, _, s5), _ = load_config([f"config/{prefix}{name}.py"], GPTConfig, TrainConfig, S5Config)
         model = GPT(model_cfg) if s5.arch == "gpt" else LSTMLM(model_cfg.vocab_size, s5.lstm_hidden, s5.lstm_layers)
         counts[name] = sum(p.numel() for p in model.parameters())
     assert abs(counts["lstm"] - counts["t2mlr"]) / counts["t2mlr"] < 0.05, counts
-    assert counts["t2mlr"] - counts["transformer"] == 5 * 128 ** 2 + 2 * 128 + 2     # the gate, nothing else
+    assert counts["t2mlr"] - counts["transformer"] == 5 * width ** 2 + 2 * width + 2     # the gate, nothing else
 
 
 def test_quick_run_lowers_the_training_loss(tmp_path):
@@ -201,18 +203,51 @@ def test_quick_run_lowers_the_training_loss(tmp_path):
     assert "n=  6: sequence accuracy" in result.stdout
 
 
-def test_resume_continues_exactly(tmp_path):
-    """Stopped at step 2 (on the schedule of 4 steps) and resumed: the same weights, losses and accuracies as an
-    uninterrupted run of 4 steps; a finished run is returned as is; another model config is refused."""
-    from configurator import load_config
-    from model import GPTConfig
-    from s5_retrieval import train
-    from train import RunError, TrainConfig
-    tiny = ["config/s5_tiny_t2mlr.py", "--n_layer=2", "--l_end=1", "--n_embd=32", "--n_head=2", "--n_kv_head=2",
+TINY_RUN = ["config/s5_tiny_t2mlr.py", "--n_layer=2", "--l_end=1", "--n_embd=32", "--n_head=2", "--n_kv_head=2",
             "--mlp_hidden=64", "--jacobi_iters=4", "--jacobi_grad_iters=2", "--train_max_n=3", "--test_max_n=3",
             "--batch_size=4", "--eval_examples=4", "--warmup_iters=1", "--log_interval=1", "--eval_interval=2",
             "--lr_decay_iters=4"]
-    run = lambda *extra: train(*load_config([*tiny, *extra], GPTConfig, TrainConfig, S5Config)[0], log=lambda _: None)
+
+
+def tiny_run(*extra):
+    from configurator import load_config
+    from model import GPTConfig
+    from s5_retrieval import train
+    from train import TrainConfig
+    return train(*load_config([*TINY_RUN, *extra], GPTConfig, TrainConfig, S5Config)[0], log=lambda _: None)
+
+
+def test_runs_are_only_continued_or_reused_with_their_own_settings(tmp_path):
+    from configurator import ConfigError
+    from train import RunError
+    out = f"--out_dir={tmp_path / 'run'}"
+    with pytest.raises(RunError, match="no checkpoint at"):
+        tiny_run("--max_iters=2", out, "--init_from=resume")                # nothing to resume
+    with pytest.raises(ConfigError, match="init_from 'x.pt'"):
+        tiny_run("--max_iters=2", out, "--init_from=x.pt")
+    tiny_run("--max_iters=4", out)
+    with pytest.raises(RunError, match=r"results.json was made with other values of n_head, n_kv_head, n_embd"):   # a finished run, another model
+        tiny_run("--max_iters=4", out, "--n_embd=64", "--n_head=4", "--n_kv_head=4")
+    with pytest.raises(RunError, match=r"other values of arch"):
+        tiny_run("--max_iters=4", out, "--arch=lstm")
+    with pytest.raises(ConfigError, match="max_iters = 2 is below the 4 steps"):
+        tiny_run("--max_iters=2", out, "--init_from=resume")
+
+
+def test_evaluations_off_the_log_grid_get_their_own_rows(tmp_path):
+    result = tiny_run("--max_iters=5", "--log_interval=2", "--eval_interval=3", f"--out_dir={tmp_path}")
+    rows = {row["step"]: row for row in result["curve"]}
+    assert sorted(rows) == [2, 3, 4, 5]
+    assert "loss" in rows[2] and "token_acc@3" not in rows[2]
+    assert "loss" not in rows[3] and "token_acc@3" in rows[3]              # the step-3 evaluation, at step 3
+    assert "loss" in rows[5] and "token_acc@3" in rows[5]
+
+
+def test_resume_continues_exactly(tmp_path):
+    """Stopped at step 2 (on the schedule of 4 steps) and resumed: the same weights, losses and accuracies as an
+    uninterrupted run of 4 steps; a finished run is returned as is; another model config is refused."""
+    from train import RunError
+    run = tiny_run
     whole = run("--max_iters=4", f"--out_dir={tmp_path / 'whole'}")
     run("--max_iters=2", f"--out_dir={tmp_path / 'split'}")
     split = run("--max_iters=4", f"--out_dir={tmp_path / 'split'}", "--init_from=resume")
@@ -252,3 +287,22 @@ def test_bad_input_is_one_error_line(tmp_path, args, message):
     assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert re.search(message, lines[0]), lines[0]
     assert not (tmp_path / "run").exists()                          # nothing written
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], r"give a config file \(e\.g\. config/s5_tiny_t2mlr\.py\), --quick or --compare"),
+    (["--compare", "config/s5_tiny_lstm.py"], r"--compare takes --key=value overrides only, not a config file"),
+    (["--quick", "config/s5_tiny_lstm.py"], r"--quick takes --key=value overrides only"),
+])
+def test_modes_refuse_what_they_would_silently_ignore(args, message):
+    result = subprocess.run([sys.executable, "s5_retrieval.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and re.search(message, lines[0]), result.stderr
+
+
+def test_sample_and_resume_refuse_an_s5_checkpoint_in_one_line(tmp_path):
+    tiny_run("--max_iters=2", f"--out_dir={tmp_path / 's5'}")
+    for cmd in (["sample.py", f"--out_dir={tmp_path / 's5'}"],):
+        result = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and lines[-1].endswith("names no tokenizer: it is not a checkpoint of train.py"), result.stderr

@@ -459,6 +459,8 @@ def main(argv):
     if meta["vocab_size"] > model_cfg.vocab_size:
         raise RunError(f"the data's vocab_size {meta['vocab_size']} (meta.json) exceeds the model's vocab_size "
                        f"{model_cfg.vocab_size}; set vocab_size >= {meta['vocab_size']}")
+    if resumed and "tokenizer" not in ckpt:             # e.g. an s5_retrieval.py run
+        raise RunError(f"{ckpt_path} names no tokenizer: it is not a checkpoint of train.py")
     if resumed and ckpt["tokenizer"] != meta["tokenizer"]:
         raise RunError(f"{data_dir} holds {meta['tokenizer']} tokens but the checkpoint was trained on "
                        f"{ckpt['tokenizer']} tokens; resume with the run's dataset")

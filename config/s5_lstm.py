@@ -17,7 +17,6 @@ n_kv_head = 6
 mlp_hidden = 1536
 tie_embeddings = False
 rope_pct = 0.0                 # NoPE: no positional encoding (the reference's DISABLE_POSITIONAL_ENCODING)
-t2mlr = False                  # the same transformer without recurrence
 
 # task
 train_min_n = 1

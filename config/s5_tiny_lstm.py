@@ -1,6 +1,5 @@
-# S5-Retrieval at laptop scale (CPU), baseline: a parameter-matched LSTM. Compared with the same transformer
-# without recurrence (s5_tiny_transformer.py) and a parameter-matched LSTM (s5_tiny_lstm.py) by
-#      python s5_retrieval.py --compare
+# S5-Retrieval at laptop scale (CPU), baseline: a parameter-matched LSTM.
+# One of the three models of `python s5_retrieval.py --compare` (with s5_tiny_t2mlr.py, s5_tiny_transformer.py).
 # 4 layers put the transformer's depth bound at 2^4 = 16 actions: between the longest training length
 # (12) and the longest test length (24).
 
@@ -19,7 +18,6 @@ n_kv_head = 4
 mlp_hidden = 512
 tie_embeddings = False
 rope_pct = 0.0                 # NoPE, as the paper's S5 models
-t2mlr = False                  # the same transformer without recurrence
 
 # task
 train_min_n = 1
