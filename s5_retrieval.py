@@ -26,7 +26,6 @@ dictionary and `|`, 2 (recurrent) on the actions and their blanks. Sequence leng
 
 import itertools
 import json
-import math
 import os
 import random
 import re
@@ -247,6 +246,8 @@ def evaluate(model, s5: S5Config, n_values, examples_per_n: int, device, autocas
 # resumed run the same batches as an uninterrupted one
 
 def train_batch(s5: S5Config, seed: int, step: int, batch_size: int, device):
+    """The batch of training step `step`: batch_size examples with n uniform in [train_min_n, train_max_n],
+    drawn from a generator seeded by (seed, step) alone. Returns make_batch's (idx, targets, control), (B, T)."""
     rng = random.Random(seed * 1_000_000_007 + step)
     examples = [make_example(rng.randint(s5.train_min_n, s5.train_max_n), rng, s5.value_len) for _ in range(batch_size)]
     return make_batch(examples, device)
