@@ -199,12 +199,12 @@ class Protocol:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     mesh_steps: int = 200
-    t2mlr_steps: int = 120
-    mesh_seeds: int = 5
-    t2mlr_seeds: int = 4
+    t2mlr_steps: int = 80
+    mesh_seeds: int = 3
+    t2mlr_seeds: int = 3
     layouts: tuple = (("K2", "2+2R2+2"), ("K4", "2+1R4+2"))
     mesh_arms: tuple = (("K2", ("vanilla", "base", "residual", "anchor", "anchor_star", "mesh", "mesh_as_base")),
-                        ("K4", ("base", "anchor", "mesh", "mesh_as_base")))
+                        ("K4", ("base", "anchor", "mesh")))
     l_start: int = 2
     l_end: int = 5
     jacobi_iters: int = 16
@@ -290,11 +290,13 @@ def flops_steps(pr):
 
 
 def make_grid(pr):
-    """Every run of the study, seeds outermost within each study, so an interrupted grid has whole seeds done."""
+    """Every run of the study, seeds outermost (seed 1 of both studies, then seed 2, ...), so an interrupted
+    grid has whole seeds of both studies done."""
+    vanilla, plain, t2 = neox_model(pr), llama_model(pr), llama_model(pr, True)
+    long_steps = flops_steps(pr)
     runs = []
-    vanilla = neox_model(pr)
-    for seed in range(1, pr.mesh_seeds + 1):
-        for layout_name, layout in pr.layouts:
+    for seed in range(1, max(pr.mesh_seeds, pr.t2mlr_seeds) + 1):
+        for layout_name, layout in pr.layouts if seed <= pr.mesh_seeds else ():
             for arm in dict(pr.mesh_arms)[layout_name]:
                 if arm == "vanilla":
                     name, model, lay = f"mesh_vanilla_s{seed}", vanilla, ""
@@ -303,11 +305,8 @@ def make_grid(pr):
                     name, model, lay = f"mesh_{layout_name}_{arm}_s{seed}", neox_model(pr, layout, mode), layout_name
                 runs.append(Run(name, "mesh", arm, lay, seed, model, train_keys(pr, pr.mesh_steps, seed),
                                 "base" if arm == "mesh_as_base" else None, vanilla))
-    plain, t2 = llama_model(pr), llama_model(pr, True)
-    long_steps = flops_steps(pr)
-    for seed in range(1, pr.t2mlr_seeds + 1):
         for arm, model, steps in (("plain", plain, pr.t2mlr_steps), ("t2mlr", t2, pr.t2mlr_steps),
-                                  ("plain_flops", plain, long_steps)):
+                                  ("plain_flops", plain, long_steps)) if seed <= pr.t2mlr_seeds else ():
             runs.append(Run(f"t2mlr_{arm}_s{seed}", "t2mlr", arm, "", seed, model, train_keys(pr, steps, seed),
                             None, plain))
     return runs
