@@ -73,7 +73,7 @@ def print_help(classes):
         print()
 
 
-def load_config(argv, *classes, skip_unknown=False):
+def load_config(argv, *classes, skip_unknown=False, defer=()):
     """Build one instance of each dataclass in `classes` from config files and --key=value overrides.
 
     argv: e.g. sys.argv[1:]: `*.py` config files (run in order, names starting with '_' and
@@ -85,6 +85,8 @@ def load_config(argv, *classes, skip_unknown=False):
     skip_unknown: skip the keys no class has, e.g. the training keys of a config file read by
     `python model.py` (which must not import train.py); a key within a typo of a field (difflib ratio
     >= 0.8, e.g. 'n_layers') is still an error.
+    defer: classes returned as their {key: value} overrides instead of an instance, for a caller that
+    builds them on other defaults (train.py's GPTConfig on a released model's config, --init_from=hf:...).
     Returns (instances, given): a list of instances, one per class, in order, and the set of the keys
     the user set, in a config file or on the command line. `given` is the only record of what was set:
     a value equal to the default may have been given, so never compare with the defaults to find out.
@@ -139,7 +141,7 @@ def load_config(argv, *classes, skip_unknown=False):
         else:
             raise ConfigError(f"argument '{arg}' is neither a config file (*.py) nor --key=value")
     try:
-        instances = [cls(**o) for cls, o in zip(classes, overrides)]
+        instances = [o if cls in defer else cls(**o) for cls, o in zip(classes, overrides)]
     except ValueError as e:                   # e.g. GPTConfig: n_embd must divide by n_head
         raise ConfigError(str(e)) from None
     return instances, {key for o in overrides for key in o}

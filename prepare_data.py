@@ -115,8 +115,69 @@ class TiktokenTokenizer:
         return self._enc.decode([int(i) for i in ids], errors="replace")
 
 
+class HFTokenizer:
+    """A released model's own tokenizer (its tokenizer.json) through the `tokenizers` library, named
+    "hf:<hub id or folder>". EOT is the model's end-of-text token: tokenizer_config.json's eos_token, else
+    config.json's eos_token_id. Encodes ordinary text, with no special tokens added (no BOS)."""
+
+    def __init__(self, name, tokenizer, eot):
+        self.name, self._tok, self.eot = name, tokenizer, eot
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text):
+        """str -> list[int] (no special tokens, no EOT)."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts, num_threads=None):
+        """list[str] -> list[list[int]]; the library parallelises by itself (num_threads is ignored)."""
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids):
+        """list[int] -> str, special tokens (e.g. the EOT) included as text."""
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def hf_tokenizer(name):
+    """HFTokenizer for "hf:<hub id or folder>": tokenizer.json (and tokenizer_config.json / config.json for the
+    EOS) from a local folder, or from the hub through huggingface_hub. Raises DataError naming what is missing."""
+    source = name[3:]
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise DataError(f"the tokenizer {name!r} needs the tokenizers library: pip install tokenizers") from None
+    files = {}
+    for file in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        path = Path(source) / file
+        if not Path(source).is_dir():
+            try:
+                from huggingface_hub import hf_hub_download
+                path = Path(hf_hub_download(source, file))
+            except ImportError:
+                raise DataError(f"{source!r} is not a local folder, and fetching it from the hub needs "
+                                f"huggingface_hub: pip install huggingface_hub") from None
+            except Exception:                       # offline, unknown repo, or a file the repo does not have
+                path = None
+        if path is not None and path.is_file():
+            files[file] = path
+    if "tokenizer.json" not in files:
+        raise DataError(f"no tokenizer.json in {source!r} (a Hugging Face folder or hub id; offline, give a local folder)")
+    tokenizer = Tokenizer.from_file(str(files["tokenizer.json"]))
+    eos = None
+    if "tokenizer_config.json" in files:
+        eos = json.loads(files["tokenizer_config.json"].read_text()).get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+    eot = tokenizer.token_to_id(eos) if eos else None
+    if eot is None and "config.json" in files:
+        eot = json.loads(files["config.json"].read_text()).get("eos_token_id")
+    if not isinstance(eot, int):
+        raise DataError(f"{source!r} names no end-of-text token: tokenizer_config.json has no eos_token in the "
+                        f"vocabulary, and config.json no eos_token_id")
+    return HFTokenizer(name, tokenizer, eot)
+
+
 def get_tokenizer(name):
-    """Return the tokenizer called `name`: "gpt2" (tiktoken) or "byte" (UTF-8 bytes).
+    """Return the tokenizer called `name`: "gpt2" (tiktoken), "byte" (UTF-8 bytes) or "hf:<hub id or folder>"
+    (a released model's own tokenizer.json, see hf_tokenizer).
 
     The object has .name, .vocab_size, .eot (ints), .encode(str) -> list[int],
     .encode_batch(list[str]) -> list[list[int]] and .decode(list[int]) -> str.
@@ -125,8 +186,10 @@ def get_tokenizer(name):
     """
     if name == "byte":
         return ByteTokenizer()
+    if name.startswith("hf:") and len(name) > 3:
+        return hf_tokenizer(name)
     if name != "gpt2":
-        raise DataError(f"unknown tokenizer {name!r}; choose 'gpt2' or 'byte'")
+        raise DataError(f"unknown tokenizer {name!r}; choose 'gpt2', 'byte' or 'hf:<hub id or folder>'")
     try:
         import tiktoken
     except ImportError:
@@ -511,7 +574,8 @@ def parse_args(argv=None):
     p.add_argument("--input", nargs="+", default=None, metavar="FILE",
                    help=f"local files instead of a built-in source ({', '.join(INPUT_EXTENSIONS)}); "
                         f"jsonl/parquet use the 'text' field, a .txt file is one document")
-    p.add_argument("--tokenizer", choices=["gpt2", "byte"], default="gpt2", help="default: gpt2 (tiktoken)")
+    p.add_argument("--tokenizer", default="gpt2", help="gpt2 (tiktoken, the default), byte, or hf:<hub id or folder> "
+                                                      "(a released model's tokenizer.json, e.g. hf:HuggingFaceTB/SmolLM2-135M)")
     p.add_argument("--name", default=None,
                    help="dataset folder name (default: fineweb_edu, pydoc, or the first --input file's stem)")
     p.add_argument("--out_dir", default="data", help="outputs go to OUT_DIR/NAME/ (default: data)")

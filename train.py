@@ -8,6 +8,7 @@ Two nodes:         torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master
                        train.py config/mesh_160m.py        (and --node_rank=1 on the second node)
 Resume:            python train.py config/mesh_160m.py --init_from=resume
 Retrofit T²MLR:    python train.py config/tiny_t2mlr.py --init_from=out/tiny_llama/ckpt.pt
+From SmolLM2:      python train.py config/smollm2_135m_retrofit.py   (--init_from=hf:HuggingFaceTB/SmolLM2-135M)
                    (the weights of a trained vanilla model; the new gate starts as an exact identity)
 Every key:         python train.py --help
 
@@ -32,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from configurator import ConfigError, check_ranges, given_values, load_config
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, config_from_hf, hf_checkpoint
 
 
 # -----------------------------------------------------------------------------
@@ -43,7 +44,8 @@ from model import GPT, GPTConfig
 class TrainConfig:
     # I/O
     out_dir: str = "out"                  # ckpt.pt and log.jsonl go here
-    init_from: str = "scratch"            # 'scratch' (out_dir must hold no ckpt.pt), 'resume' (all of out_dir/ckpt.pt), or path/to/ckpt.pt (its weights)
+    init_from: str = "scratch"            # 'scratch' (out_dir must hold no ckpt.pt), 'resume' (all of out_dir/ckpt.pt), path/to/ckpt.pt (its weights),
+                                          # or 'hf:<hub id or folder>' (a released Pythia/SmolLM2: its config and weights, see GPT.from_pretrained)
     dataset: str = "pydoc"                # reads data/<dataset>/{train,val}.bin + meta.json (prepare_data.py)
     data_dir: Optional[str] = None        # read this folder instead of data/<dataset>
     # evaluation and logging
@@ -73,8 +75,10 @@ class TrainConfig:
     peak_flops: Optional[float] = None    # peak FLOP/s of one device, for MFU; None = table for known GPUs
 
     def __post_init__(self):
-        if not (self.init_from in ("scratch", "resume") or self.init_from.endswith(".pt")):
-            raise ValueError(f"init_from {self.init_from!r} is not 'scratch', 'resume' or a checkpoint path ending in .pt")
+        if not (self.init_from in ("scratch", "resume") or self.init_from.endswith(".pt")
+                or (self.init_from.startswith("hf:") and len(self.init_from) > 3)):
+            raise ValueError(f"init_from {self.init_from!r} is not 'scratch', 'resume', a checkpoint path ending in .pt "
+                             f"or 'hf:<hub id or folder>'")
         choices = {"val_mode": ("exact", "jacobi"),
                    "dtype": ("auto", "float32", "bfloat16", "float16")}
         for name, allowed in choices.items():
@@ -424,13 +428,31 @@ def model_config_from_checkpoint(ckpt, model_cfg, given):
         raise RunError(f"the checkpoint's model config does not fit this model.py: {e}")
 
 
+def launch_model_config(keys, init_from):
+    """(GPTConfig, weight files) of this launch: the model keys given (load_config's deferred dict) on the
+    defaults, with no weight files; or, for init_from 'hf:<hub id or folder>', on the released model's
+    config.json (model.config_from_hf), with its safetensors files. Raises ConfigError for an invalid
+    config, RunError for a released model that cannot be found or mapped."""
+    if not init_from.startswith("hf:"):
+        try:
+            return GPTConfig(**keys), None
+        except ValueError as e:                       # e.g. n_embd must divide by n_head
+            raise ConfigError(str(e)) from None
+    try:
+        hf_config, weight_files = hf_checkpoint(init_from[3:])
+        return config_from_hf(hf_config, **keys), weight_files
+    except ValueError as e:
+        raise RunError(f"--init_from={init_from}: {e}") from None
+
+
 # -----------------------------------------------------------------------------
 # The run
 
 def main(argv):
     """Train as configured by argv (config files and --key=value). Raises ConfigError or RunError."""
     # ---- config and distributed setup ----------------------------------------------------------------
-    (model_cfg, cfg), given = load_config(argv, GPTConfig, TrainConfig)
+    (model_keys, cfg), given = load_config(argv, GPTConfig, TrainConfig, defer=(GPTConfig,))
+    model_cfg, hf_weights = launch_model_config(model_keys, cfg.init_from)
     ddp = "RANK" in os.environ                        # set by torchrun
     rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else (0, 0, 1)
     master = rank == 0                                # rank 0 prints, logs and writes checkpoints
@@ -459,6 +481,9 @@ def main(argv):
     if meta["vocab_size"] > model_cfg.vocab_size:
         raise RunError(f"the data's vocab_size {meta['vocab_size']} (meta.json) exceeds the model's vocab_size "
                        f"{model_cfg.vocab_size}; set vocab_size >= {meta['vocab_size']}")
+    if hf_weights and not meta["tokenizer"].startswith("hf:"):
+        raise RunError(f"{data_dir} holds {meta['tokenizer']} tokens, but a released model reads its own: prepare the "
+                       f"data with `prepare_data.py --tokenizer {cfg.init_from}`")
     if resumed and "tokenizer" not in ckpt:             # e.g. an s5_retrieval.py run
         raise RunError(f"{ckpt_path} names no tokenizer: it is not a checkpoint of train.py")
     if resumed and ckpt["tokenizer"] != meta["tokenizer"]:
@@ -496,6 +521,11 @@ def main(argv):
         del ckpt                                      # free the host copy of the weights
     elif cfg.init_from.endswith(".pt"):               # new run, weights from another (e.g. a T²MLR retrofit)
         init_weights_from(raw_model, cfg.init_from)
+    elif hf_weights:                                  # new run from a released model (the paper's §3.4 retrofit)
+        try:
+            raw_model.load_hf_weights(hf_weights)
+        except ValueError as e:
+            raise RunError(f"--init_from={cfg.init_from}: {e}") from None
     use_compile = device_type == "cuda" if cfg.compile is None else cfg.compile
     compiled = torch.compile(raw_model) if use_compile else raw_model
     # Every parameter gets a gradient on every step (MeSH routers and T²MLR gates always run), so DDP
