@@ -27,6 +27,10 @@ Measurements, each the median of --repeats rounds after --warmup rounds:
   tokens per second, over the FLOP/s of a large matmul in the training dtype timed in the same rounds;
 - decode: ms per token with the KV cache, 64 new tokens (greedy) after a 64-token prompt, batch 1;
 - prefill: T²MLR's exact (token by token) prefill of 4 x 64 tokens into a cache, against the plain model's;
+- T²MLR options, against the fixed-D Jacobi model with the same weights: a Jacobi step with jacobi_tol (the
+  middle-block passes it used and its time), sweep checkpointing (jacobi_checkpoint: memory and time), and
+  the parallel Jacobi prefill (mode "converged", --prefill_tol) against exact prefill at prompts of 64, 256
+  and 1024 tokens (batch 1: the latency-bound case), with the passes used and the largest logit difference;
 - tokenizer: prepare_data.prepare (in-process, GPT-2 BPE, writing the .bin files) against a bare tiktoken
   encode_ordinary_batch of the same documents (Python's pydoc topics), in tokens per second.
 On CUDA the models run under bf16 autocast and every timer synchronises. Prints markdown tables and
@@ -49,19 +53,20 @@ from model import GPT, GPTConfig
 
 # Model shapes per size. "neox" holds the MeSH family's shared fields, "llama" the T²MLR family's.
 SIZES = {
-    "tiny": dict(batch=4, seq=256, prompt=64, new_tokens=64, prefill_batch=4, matmul=2048,
+    "tiny": dict(batch=4, seq=256, prompt=64, new_tokens=64, prefill_batch=4, matmul=2048, prefill_lengths=(64, 256, 1024),
                  neox=dict(flavour="neox", vocab_size=320, n_embd=128, n_head=4),
                  vanilla=dict(n_layer=8), recursive=dict(layout="2+2R2+2"),
                  llama=dict(flavour="llama", vocab_size=512, n_embd=128, n_head=4, n_layer=8, mlp_hidden=512),
                  t2mlr=dict(l_start=2, l_end=5)),
-    "160m": dict(batch=8, seq=1024, prompt=64, new_tokens=64, prefill_batch=4, matmul=8192,
+    "160m": dict(batch=8, seq=1024, prompt=64, new_tokens=64, prefill_batch=4, matmul=8192, prefill_lengths=(64, 256, 1024),
                  neox=dict(flavour="neox", vocab_size=50304, n_embd=768, n_head=12),
                  vanilla=dict(n_layer=12), recursive=dict(layout="2+4R2+2"),
                  llama=dict(flavour="llama", vocab_size=50304, n_embd=576, n_head=9, n_kv_head=3, n_layer=30,
                             mlp_hidden=1536, rope_theta=100000.0),
                  t2mlr=dict(l_start=12, l_end=17)),
 }
-BASELINE = {"vanilla": "vanilla", "base": "vanilla", "mesh": "vanilla", "plain": "plain", "t2mlr": "plain"}
+BASELINE = {"vanilla": "vanilla", "base": "vanilla", "mesh": "vanilla", "plain": "plain", "t2mlr": "plain",
+            "t2mlr_tol": "plain", "t2mlr_ckpt": "plain"}
 REFERENCE = {"t2mlr_jacobi": 5.27, "t2mlr_decode": 1.17, "t2mlr_prefill": 14.0}   # t2mlr.md §11, same setting
 TARGETS = [   # (key in the results, description, bound, "<=" or ">="): the CPU targets of the issue
     ("t2mlr_jacobi", "T²MLR Jacobi fwd+bwd / plain", 4.8, "<="),
@@ -72,22 +77,26 @@ TARGETS = [   # (key in the results, description, bound, "<=" or ">="): the CPU 
 ]
 
 
-def build_models(size, seq, device):
-    """{variant: GPT} for one size, every model initialised from seed 0; block_size = max(seq, prompt + new)."""
+def build_models(size, seq, device, jacobi_tol=1e-3, prefill_lengths=None):
+    """{variant: GPT} for one size, every model initialised from seed 0; block_size = the longest sequence used.
+    t2mlr_tol and t2mlr_ckpt are t2mlr (same weights) with jacobi_tol and with jacobi_checkpoint."""
     s = SIZES[size]
-    block = max(seq, s["prompt"] + s["new_tokens"])
+    block = max(seq, s["prompt"] + s["new_tokens"], *(prefill_lengths or s["prefill_lengths"]))
     configs = {"vanilla": dict(**s["neox"], **s["vanilla"]),
                "base": dict(**s["neox"], **s["recursive"], state_mode="base"),
                "mesh": dict(**s["neox"], **s["recursive"], state_mode="mesh"),
                "plain": dict(s["llama"]),
                "t2mlr": dict(**s["llama"], **s["t2mlr"], t2mlr=True, jacobi_iters=16, jacobi_grad_iters=4)}
+    configs["t2mlr_tol"] = dict(configs["t2mlr"], jacobi_tol=jacobi_tol)
+    configs["t2mlr_ckpt"] = dict(configs["t2mlr"], jacobi_checkpoint=True)
     models = {}
     for name, fields in configs.items():
         torch.manual_seed(0)
         models[name] = GPT(GPTConfig(block_size=block, **fields)).to(device)
     with torch.no_grad():            # θ_r = θ_x = 0.5: the gate passes the state (at θ = 0 it is an identity)
-        models["t2mlr"].gate.theta_r.fill_(0.5)
-        models["t2mlr"].gate.theta_x.fill_(0.5)
+        for name in ("t2mlr", "t2mlr_tol", "t2mlr_ckpt"):
+            models[name].gate.theta_r.fill_(0.5)
+            models[name].gate.theta_x.fill_(0.5)
     return models
 
 
@@ -150,14 +159,15 @@ def decode_fn(model, prompt, new_tokens, device, autocast):
     return decode
 
 
-def prefill_fn(model, idx, device, autocast):
-    """Prefill idx (B, T) into an empty KV cache (T²MLR: the exact recurrence, token by token)."""
+def prefill_fn(model, idx, device, autocast, mode=None, tol=0.0):
+    """Prefill idx (B, T) into an empty KV cache (T²MLR: the exact recurrence token by token, or with
+    mode "converged" parallel Jacobi sweeps until the state moves less than tol)."""
     @torch.no_grad()
     def prefill():
         sync(device)
         t0 = time.perf_counter()
         with autocast:
-            model(idx, cache=model.new_cache())
+            model(idx, cache=model.new_cache(), mode=mode, tol=tol)
         sync(device)
         return {"prefill": time.perf_counter() - t0}
     return prefill
@@ -284,7 +294,8 @@ def tokenizer_fns():
 # -----------------------------------------------------------------------------
 # The run
 
-def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, tokenizer=True):
+def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, tokenizer=True, jacobi_tol=1e-3,
+        prefill_tol=1e-4, prefill_lengths=None):
     """Every measurement of the module docstring. Returns the bench.json dict."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     cuda = device.startswith("cuda")
@@ -293,13 +304,14 @@ def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, t
     s = SIZES[size]
     B, T = batch or s["batch"], seq or s["seq"]
     load_before = os.getloadavg()[0]
-    models = build_models(size, T, device)
+    prefill_lengths = prefill_lengths or s["prefill_lengths"]
+    models = build_models(size, T, device, jacobi_tol, prefill_lengths)
     gen = torch.Generator().manual_seed(0)
     vocab = min(m.cfg.vocab_size for m in models.values())
     x, y = (torch.randint(vocab, (B, T), generator=gen).to(device) for _ in range(2))
     result = {"size": size, "device": torch.cuda.get_device_name(device) if cuda else f"cpu ({torch.get_num_threads()} threads)",
               "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__, "batch": B, "seq_len": T,
-              "repeats": repeats, "warmup": warmup, "variants": {}}
+              "repeats": repeats, "warmup": warmup, "jacobi_tol": jacobi_tol, "prefill_tol": prefill_tol, "variants": {}}
 
     # training steps and the matmul peak, one round robin
     optimizers = {n: m.configure_optimizers(0.1, 1e-5, (0.9, 0.95), "cuda" if cuda else "cpu") for n, m in models.items()}
@@ -307,6 +319,9 @@ def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, t
         m.train()
     fns = {n: train_step_fn(m, optimizers[n], x, y, device, autocast) for n, m in models.items()}
     fns["matmul"] = matmul_fn(s["matmul"], device, dtype)
+    passes = []                                  # middle-block passes of every t2mlr_tol forward
+    step_tol = fns["t2mlr_tol"]
+    fns["t2mlr_tol"] = lambda: (step_tol(), passes.append(models["t2mlr_tol"].jacobi_passes))[0]
     t = interleaved(fns, repeats, warmup)
     mm = t.pop("matmul")["matmul"]
     peak = 2 * s["matmul"] ** 3 / statistics.median(mm)
@@ -329,6 +344,12 @@ def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, t
             "memory_mb": memory, "activation_mb": activations}
     for n, v in result["variants"].items():
         v["memory_ratio"] = v["memory_mb"] / result["variants"][v["baseline"]]["memory_mb"]
+    result["jacobi_options"] = {
+        "tol": {"jacobi_tol": jacobi_tol, "passes_mean": statistics.mean(passes[warmup:]), "passes_fixed": 16,
+                "fwd_bwd_vs_fixed": ratio(t["t2mlr_tol"]["fwd_bwd"], t["t2mlr"]["fwd_bwd"])},
+        "checkpoint": {"memory_vs_plain": result["variants"]["t2mlr_ckpt"]["memory_ratio"],
+                       "memory_vs_fixed": result["variants"]["t2mlr_ckpt"]["memory_mb"] / result["variants"]["t2mlr"]["memory_mb"],
+                       "fwd_bwd_vs_fixed": ratio(t["t2mlr_ckpt"]["fwd_bwd"], t["t2mlr"]["fwd_bwd"])}}
     result["mesh_vs_base"] = ratio(t["mesh"]["fwd_bwd"], t["base"]["fwd_bwd"])
     result["mesh_vs_base_step"] = ratio(t["mesh"]["step"], t["base"]["step"])
 
@@ -347,6 +368,22 @@ def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, t
     result["prefill"] = {"tokens": list(idx.shape), "plain_ms": 1e3 * statistics.median(t["plain"]["prefill"]),
                          "t2mlr_exact_ms": 1e3 * statistics.median(t["t2mlr"]["prefill"]),
                          "ratio": ratio(t["t2mlr"]["prefill"], t["plain"]["prefill"])}
+
+    # the parallel Jacobi prefill against exact prefill, batch 1, at several prompt lengths
+    result["jacobi_prefill"] = []
+    t2 = models["t2mlr"]
+    for n_tokens in prefill_lengths:
+        idx = torch.randint(vocab, (1, n_tokens), generator=gen).to(device)
+        with torch.no_grad(), autocast:
+            exact = t2(idx, mode="exact")[0].float()
+            diff = (t2(idx, mode="converged", tol=prefill_tol)[0].float() - exact).abs().max().item()
+        used = t2.jacobi_passes
+        t = interleaved({m: prefill_fn(t2, idx, device, autocast, m, prefill_tol) for m in ("exact", "converged")},
+                        repeats, warmup)
+        result["jacobi_prefill"].append({"tokens": n_tokens, "passes": used, "max_logit_diff": diff,
+                                         "exact_ms": 1e3 * statistics.median(t["exact"]["prefill"]),
+                                         "converged_ms": 1e3 * statistics.median(t["converged"]["prefill"]),
+                                         "ratio": ratio(t["converged"]["prefill"], t["exact"]["prefill"])})
 
     # tokenizer throughput
     fns, n_tokens = tokenizer_fns() if tokenizer else (None, 0)
@@ -390,6 +427,16 @@ def markdown(r):
     lines += ["", f"MeSH / base recursion: fwd+bwd {r['mesh_vs_base']:.3f}×, full step {r['mesh_vs_base_step']:.3f}×. "
               f"Exact T²MLR prefill of {p['tokens'][0]} x {p['tokens'][1]} tokens: {p['t2mlr_exact_ms']:.1f} ms vs plain "
               f"{p['plain_ms']:.1f} ms ({p['ratio']:.2f}×)."]
+    o = r["jacobi_options"]
+    lines += ["", f"T²MLR options against fixed D = 16 (same weights): jacobi_tol {o['tol']['jacobi_tol']:g} used "
+              f"{o['tol']['passes_mean']:.1f} of 16 middle-block passes, fwd+bwd {o['tol']['fwd_bwd_vs_fixed']:.2f}×; "
+              f"jacobi_checkpoint memory {o['checkpoint']['memory_vs_plain']:.2f}× plain "
+              f"({o['checkpoint']['memory_vs_fixed']:.2f}× of fixed D), fwd+bwd {o['checkpoint']['fwd_bwd_vs_fixed']:.2f}× of fixed D.",
+              "", f"| parallel Jacobi prefill (tol {r['prefill_tol']:g}), batch 1 | passes used | max logit diff vs exact | "
+              "exact ms | converged ms | converged / exact |", "|---|---|---|---|---|---|"]
+    for p in r["jacobi_prefill"]:
+        lines.append(f"| {p['tokens']} tokens | {p['passes']} | {p['max_logit_diff']:.1e} | {p['exact_ms']:.1f} | "
+                     f"{p['converged_ms']:.1f} | {p['ratio']:.2f}× |")
     if "tokenizer" in r:
         k = r["tokenizer"]
         lines.append(f"Tokenizer (GPT-2 BPE, pydoc, {k['tokens']:,} tokens): prepare_data {k['prepare_data_tok_s'] / 1e6:.2f}M tok/s, "
@@ -413,10 +460,15 @@ def main(argv=None):
     p.add_argument("--batch_size", type=int, default=None, help="training batch; default per size (tiny 4)")
     p.add_argument("--seq_len", type=int, default=None, help="training sequence length; default per size (tiny 256)")
     p.add_argument("--no_tokenizer", action="store_true", help="skip the tokenizer measurement")
+    p.add_argument("--jacobi_tol", type=float, default=1e-3, help="jacobi_tol of the t2mlr_tol row; default 1e-3")
+    p.add_argument("--prefill_tol", type=float, default=1e-4, help="tolerance of the parallel Jacobi prefill; default 1e-4")
+    p.add_argument("--prefill_lengths", type=int, nargs="+", default=None, help="prompt lengths of the Jacobi prefill rows; "
+                                                                                  "default 64 256 1024")
     p.add_argument("--out", default="bench.json", help="default bench.json")
     args = p.parse_args(argv)
     t0 = time.time()
-    result = run(args.size, args.device, args.repeats, args.warmup, args.batch_size, args.seq_len, not args.no_tokenizer)
+    result = run(args.size, args.device, args.repeats, args.warmup, args.batch_size, args.seq_len, not args.no_tokenizer,
+                 args.jacobi_tol, args.prefill_tol, args.prefill_lengths)
     result["wall_s"] = time.time() - t0
     print(markdown(result))
     with open(args.out, "w") as f:

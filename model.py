@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from configurator import check_ranges
 
@@ -296,6 +297,11 @@ def update_state(h, r_prev, residual: bool, detach: bool):
     return u * scale
 
 
+def state_change(new, old):
+    """How much a Jacobi sweep moved the state: max |new - old| / RMS(new), a Python float (jacobi_tol)."""
+    return ((new - old).abs().max() / new.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
 def shift_right(x):
     """Time shift (B, T, C) -> (B, T, C): position t gets x[t-1], position 0 gets zeros (never a roll, §8.1)."""
     return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
@@ -333,7 +339,7 @@ STATE_MODES = ("base", "residual", "anchor", "anchor_star", "mesh")
 GPT_RANGES = {
     "vocab_size": ">= 1", "block_size": ">= 1", "n_layer": ">= 1", "n_head": ">= 1", "n_kv_head": ">= 1",
     "n_embd": ">= 1", "mlp_hidden": ">= 1", "rope_theta": "> 0", "rope_pct": "[0, 1]", "norm_eps": "> 0",
-    "mesh_slots": ">= 2", "jacobi_iters": ">= 1", "jacobi_grad_iters": ">= 0", "gate_bias_prob": "(0, 1)",
+    "mesh_slots": ">= 2", "jacobi_iters": ">= 1", "jacobi_grad_iters": ">= 0", "jacobi_tol": "[0, 1)", "gate_bias_prob": "(0, 1)",
     "gate_weight_gain": "> 0",
 }
 
@@ -381,6 +387,9 @@ class GPTConfig:
     l_end: int = -1                  # last recurrent layer (state written from its output); inclusive
     jacobi_iters: int = 16           # D: Jacobi sweeps in training
     jacobi_grad_iters: int = 4       # b: sweeps that carry gradient
+    jacobi_tol: float = 0.0          # > 0: stop the no-grad sweeps once the state moves less than this (relative); 0 = always D
+    jacobi_checkpoint: bool = False  # recompute the b gradient sweeps' activations in backward (less memory, more time)
+    jacobi_init: str = "zero"        # C^(0): "zero" (ours) or "plain" (the reference's warm start, one middle pass more)
     state_residual: bool = True      # R_t = s·(h_t + R_{t-1}) instead of R_t = h_t (§2)
     state_detach: bool = False       # stop the gradient along the R chain (§2)
     gate_bias_prob: Optional[float] = None  # gate biases b_r = b_x = logit(p) (S5: 0.5 -> 0); None = Linear default (FineWeb)
@@ -406,6 +415,8 @@ class GPTConfig:
             parse_layout(self.layout)
         if self.state_mode not in STATE_MODES:
             raise ValueError(f"state_mode {self.state_mode!r} is not one of {', '.join(STATE_MODES)}")
+        if self.jacobi_init not in ("zero", "plain"):
+            raise ValueError(f"jacobi_init {self.jacobi_init!r} is not one of 'zero', 'plain'")
         if self.mesh_trans_router_in not in ("pre", "emb"):
             raise ValueError(f"mesh_trans_router_in {self.mesh_trans_router_in!r} is not one of 'pre', 'emb'")
         if self.t2mlr:
@@ -521,13 +532,15 @@ class GPT(nn.Module):
     # ---- forward ---------------------------------------------------------------
 
     def forward(self, idx, targets=None, mode=None, cache: Optional[InferenceCache] = None, probes=None,
-                control=None):
+                control=None, tol: float = 0.0):
         """Logits and loss.
 
         idx: (B, T) token ids; targets: (B, T) ids, -1 = ignored. With `cache`, idx continues the
         sequence the cache holds (positions cache.length..), and the cache is updated in place.
-        mode (T²MLR only): "jacobi" (parallel training approximation, §3) or "exact" (token-by-token
-        recurrence, §4); default "jacobi" in train() and "exact" in eval(). A cache implies exact.
+        mode (T²MLR only): "jacobi" (parallel training approximation, §3), "exact" (token-by-token
+        recurrence, §4) or "converged" (the exact result by parallel Jacobi sweeps until the state moves
+        less than `tol`, converged_forward: a parallel prefill); default "jacobi" in train() and "exact" in
+        eval(). With a cache, "jacobi" means exact and "converged" needs the cache empty.
         probes: a dict to fill with the diagnostic states (see `probe_states`), or None.
         control (T²MLR only; ignored by other models): (B, T) ints, 0 padding, 1 non-recurrent, >= 2
         recurrent (see recurrent_mask); None = every token recurrent.
@@ -553,8 +566,10 @@ class GPT(nn.Module):
                 h = self.jacobi_forward(h_emb, control, probes)
             elif mode in ("jacobi", "exact"):
                 h = self.exact_forward(h_emb, control, cache, probes)
+            elif mode == "converged":
+                h = self.converged_forward(h_emb, control, cache, tol)
             else:
-                raise ValueError(f"mode {mode!r} is not one of 'jacobi', 'exact'")
+                raise ValueError(f"mode {mode!r} is not one of 'jacobi', 'exact', 'converged'")
         if probes is not None:
             probes["states"]["h_out"] = h
         logits = self.lm_head(self.ln_f(h))
@@ -651,36 +666,72 @@ class GPT(nn.Module):
     def jacobi_forward(self, h_emb, control=None, probes=None):
         """Parallel T²MLR training pass (t2mlr.md §3, lean form). h_emb (B, T, C) -> top output (B, T, C).
 
-        x = lower(h_emb) once. Starting from the state C = 0, D-1 Jacobi sweeps each run the middle
-        block on the fixed x with the gate fed C, then set C = shift(update_state(h, C)); a final pass
-        of middle + upper uses the last C. C_0 = 0 is exact and every sweep makes one more position
-        exact, so positions < D equal exact recurrence (all of them when D >= T).
-        Sweeps older than the last b run under no_grad (the same values and gradients as detaching them).
+        x = lower(h_emb) once; jacobi_state runs the D-1 Jacobi sweeps from C^(0) to C^(D-1) (the last b
+        with gradient); a final pass of middle + upper uses it. C^(0) = 0 (or the reference's plain start,
+        jacobi_init) is exact at position 0 and every sweep makes one more position exact, so positions
+        < D equal exact recurrence (all of them when D >= T).
         control (B, T) or None: only tokens with c > 1 are mixed and merged (see recurrent_mask); the others
         pass x through and write their raw h, so a non-recurrent prompt is exact after the first sweep.
-
-        Departure from the reference (t2mlr.md §3): it warm-starts C from an extra plain pass of the
-        middle block. Our first sweep from C = 0 costs the same and already makes positions 0 and 1
-        exact, so the reference's exactness front is reached with one middle pass less (D instead of
-        D+1); values beyond the front differ slightly.
         """
         cfg = self.cfg
-        D, b = cfg.jacobi_iters, cfg.jacobi_grad_iters
         lower, middle, upper = self.split_stack()
-        grad = torch.is_grad_enabled()
         x = self.run_layers(h_emb, lower, 0, probes=probes, name="lower")
         pre = self.gate.precompute(x)                                         # the gate's x half, once
         recurrent = recurrent_mask(control)                                   # (B, T, 1) or None
-        state = torch.zeros_like(x)                                           # C^(0): R_{-1} = 0 everywhere
-        for d in range(D - 1):
-            with torch.set_grad_enabled(grad and D - 1 - d <= b):
-                h = self.run_layers(mix_state(self.gate, x, state, pre, recurrent), middle, 0)   # h^(d+1)
-                state = shift_right(write_state(h, state, cfg, recurrent))
+        state = self.jacobi_state(x, pre, recurrent, cfg.jacobi_iters - 1, cfg.jacobi_grad_iters, cfg.jacobi_tol)
         x_mixed = mix_state(self.gate, x, state, pre, recurrent)              # final pass
         if probes is not None:
             probes["blocks"].append(("gate", x, x_mixed))
         h = self.run_layers(x_mixed, middle, 0, probes=probes, name="middle")
         return self.run_layers(h, upper, 0, probes=probes, name="upper")
+
+    def jacobi_sweep(self, x, state, pre, recurrent):
+        """One Jacobi sweep (t2mlr.md §3 step 3): C -> shift(update_state(middle(gate(x, C)), C)), all positions
+        in parallel. x, state: (B, T, C); pre = gate.precompute(x); recurrent: recurrent_mask(control)."""
+        _, middle, _ = self.split_stack()
+        h = self.run_layers(mix_state(self.gate, x, state, pre, recurrent), middle, 0)
+        return shift_right(write_state(h, state, self.cfg, recurrent))
+
+    def jacobi_start(self, x, pre, recurrent):
+        """C^(0): zeros (jacobi_init "zero", R_{-1} = 0 everywhere), or the reference's warm start ("plain",
+        t2mlr.md §3 steps 1-2): C^(0) = shift(h^(0)), h^(0) the middle block's output on x without mixing
+        (one middle pass more). Both are exact at position 0 only. x: (B, T, C) -> (B, T, C)."""
+        if self.cfg.jacobi_init == "zero":
+            return torch.zeros_like(x)
+        _, middle, _ = self.split_stack()
+        return shift_right(self.run_layers(x, middle, 0))
+
+    def jacobi_state(self, x, pre, recurrent, sweeps: int, grad_sweeps: int, tol: float = 0.0):
+        """The state C after `sweeps` Jacobi sweeps from jacobi_start, the last `grad_sweeps` of them with
+        gradient (if grad is enabled; the others, and the start unless every sweep has gradient, without).
+        x (B, T, C) -> C (B, T, C); C[:, t] is the state R_{t-1} fed to token t, exact for t <= sweeps.
+
+        tol > 0 (jacobi_tol) stops the sweeps without gradient early, once a sweep changed the state by at
+        most tol relative to its RMS: max|C_new - C_old| <= tol · RMS(C_new); the gradient sweeps always
+        run. tol = 0 runs every sweep (bit-identical to no check). The middle-block passes actually run,
+        this call's sweeps plus the final pass, are left in self.jacobi_passes (D with no early stop).
+        Sweep checkpointing (jacobi_checkpoint): the gradient sweeps keep only their inputs and recompute
+        their activations in backward (torch.utils.checkpoint), trading one middle pass per sweep for memory."""
+        grad = torch.is_grad_enabled()
+        free = sweeps - min(grad_sweeps, sweeps)                               # sweeps without gradient
+        with torch.set_grad_enabled(grad and grad_sweeps > sweeps):           # the reference detaches h^(0) if b < D
+            state = self.jacobi_start(x, pre, recurrent)
+        passes = 1 + (self.cfg.jacobi_init == "plain")                         # the final pass, the plain start
+        with torch.no_grad():
+            for _ in range(free):
+                new, passes = self.jacobi_sweep(x, state, pre, recurrent), passes + 1
+                converged = tol > 0 and state_change(new, state) <= tol
+                state = new
+                if converged:
+                    break
+        for _ in range(sweeps - free):
+            if grad and self.cfg.jacobi_checkpoint:
+                state = checkpoint(self.jacobi_sweep, x, state, pre, recurrent, use_reentrant=False)
+            else:
+                state = self.jacobi_sweep(x, state, pre, recurrent)
+            passes += 1
+        self.jacobi_passes = passes
+        return state
 
     def exact_forward(self, h_emb, control=None, cache=None, probes=None):
         """Exact T²MLR recurrence (t2mlr.md §4). h_emb (B, T, C) -> top output (B, T, C).
@@ -717,6 +768,32 @@ class GPT(nn.Module):
             probes["blocks"].append(("middle", x, h))
         return self.run_layers(h, upper, pos, cache.layers[a + k:], probes, "upper")
 
+    def converged_forward(self, h_emb, control=None, cache=None, tol: float = 0.0):
+        """Parallel Jacobi prefill: exact recurrence computed by Jacobi sweeps over all T positions at once,
+        until the state moves by at most `tol` (relative, see jacobi_state) or after T-1 sweeps, when every
+        position is exact by construction (the exactness front). h_emb (B, T, C) -> top output (B, T, C).
+
+        tol = 0 equals exact_forward up to rounding (and jacobi_forward with D = T bit for bit); tol > 0
+        trades a bounded error for fewer sweeps. A per-token loop pays per-op latency T times, the sweeps
+        only as often as needed to converge: the gain where latency dominates (GPUs, long prompts).
+        With an empty `cache` it also stores every layer's keys and values and the final state R_{T-1}, so
+        decoding continues exactly. Raises ValueError for a cache that already holds positions."""
+        if cache is not None and cache.length:
+            raise ValueError(f"mode 'converged' fills an empty cache (a prompt); this one holds {cache.length} "
+                             f"positions: continue it with mode 'exact'")
+        lower, middle, upper = self.split_stack()
+        a, k = len(lower), len(middle)
+        caches = cache.layers if cache is not None else [None] * len(self.layers)
+        x = self.run_layers(h_emb, lower, 0, caches[:a])
+        pre = self.gate.precompute(x)
+        recurrent = recurrent_mask(control)
+        state = self.jacobi_state(x, pre, recurrent, h_emb.shape[1] - 1, 0, tol)   # C[:, t] = R_{t-1}
+        h = self.run_layers(mix_state(self.gate, x, state, pre, recurrent), middle, 0, caches[a:a + k])
+        if cache is not None:                    # R_{T-1} = update(h_{T-1}, R_{T-2}), R_{T-2} = C[:, T-1]
+            last = None if recurrent is None else recurrent[:, -1:]
+            cache.state = write_state(h[:, -1:], state[:, -1:], self.cfg, last)
+        return self.run_layers(h, upper, 0, caches[a + k:])
+
     @staticmethod
     def recurrence_chunks(recurrent, T):
         """[(start, end), ...] covering 0..T: one token per step, except that a maximal span in which no row
@@ -742,7 +819,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
-                 generator: Optional[torch.Generator] = None, recurrent_prompt: bool = False):
+                 generator: Optional[torch.Generator] = None, recurrent_prompt: bool = False,
+                 prefill: str = "exact", prefill_tol: float = 0.0):
         """Continue idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens).
 
         Each token is drawn from the last logits of the model run on the last block_size tokens: exactly
@@ -762,8 +840,14 @@ class GPT(nn.Module):
         T²MLR control flow (ignored by other models): generated tokens are recurrent (c = 2); the prompt is
         non-recurrent (c = 1: not mixed, and the state after it is the last prompt token's raw l_end
         output), as the reference generates, unless recurrent_prompt=True (c = 2 everywhere, which equals
-        control=None: how train.py trains on plain text).
+        control=None: how train.py trains on plain text). prefill (T²MLR): how the prompt, and each slid
+        window, is processed: "exact" (token by token) or "converged" (parallel Jacobi sweeps until the state
+        moves less than prefill_tol, converged_forward; 0 = exact up to rounding); decoding is always exact.
         """
+        if prefill not in ("exact", "converged"):
+            raise ValueError(f"prefill {prefill!r} is not one of 'exact', 'converged'")
+        if not 0 <= prefill_tol < 1:              # also NaN
+            raise ValueError(f"prefill_tol = {prefill_tol} must be in [0, 1) (0 = sweep until exact)")
         if not temperature >= 0:                  # also NaN
             raise ValueError(f"temperature = {temperature} must be >= 0 (0 = greedy)")
         if top_k is not None and top_k < 1:
@@ -772,7 +856,7 @@ class GPT(nn.Module):
         window = self.cfg.block_size
         control = torch.full_like(idx, 2 if recurrent_prompt else 1)   # (B, T), grows with idx
         cache = self.new_cache()
-        logits, _ = self(idx[:, -window:], cache=cache, control=control[:, -window:])
+        logits, _ = self(idx[:, -window:], mode=prefill, cache=cache, control=control[:, -window:], tol=prefill_tol)
         for step in range(max_new_tokens):
             idx_next = self.sample_next(logits[:, -1, :], temperature, top_k, generator)
             idx = torch.cat([idx, idx_next], dim=1)
@@ -782,7 +866,7 @@ class GPT(nn.Module):
             if idx.shape[1] <= window:            # the cache holds all of idx: feed the new token only
                 logits, _ = self(idx_next, cache=cache, control=control[:, -1:])
             else:                                 # the window slid: recompute it (exact T²MLR, no cache)
-                logits, _ = self(idx[:, -window:], mode="exact", control=control[:, -window:])
+                logits, _ = self(idx[:, -window:], mode=prefill, control=control[:, -window:], tol=prefill_tol)
         return idx
 
     @staticmethod

@@ -28,17 +28,21 @@ class SampleConfig:
     top_k: Optional[int] = 200            # sample among the k most likely tokens (clamped to the vocabulary); None = all
     seed: int = 1337                      # seeds the sampling generator: same seed, same samples
     recurrent_prompt: bool = True         # T²MLR: the prompt's tokens recurrent (c = 2), as train.py trains on text; False = c = 1
+    prefill: str = "exact"                # T²MLR: the prompt token by token ('exact') or by parallel Jacobi sweeps ('converged')
+    prefill_tol: float = 0.0              # prefill 'converged': stop the sweeps once the state moves less than this; 0 = until exact
     device: str = "auto"                  # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'mps'
     dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), 'float32', 'bfloat16', 'float16'
 
     def __post_init__(self):
         check_ranges(self, SAMPLE_RANGES)
+        if self.prefill not in ("exact", "converged"):
+            raise ValueError(f"prefill {self.prefill!r} is not one of 'exact', 'converged'")
 
 
 # The valid range of every numeric field of SampleConfig (configurator.check_ranges: None passes, nan and
 # inf never). seed: what torch.Generator.manual_seed accepts.
 SAMPLE_RANGES = {"num_samples": ">= 1", "max_new_tokens": ">= 0", "temperature": ">= 0", "top_k": ">= 1",
-                 "seed": "[0, 18446744073709551615]"}
+                 "seed": "[0, 18446744073709551615]", "prefill_tol": "[0, 1)"}
 
 
 def main(argv):
@@ -73,7 +77,10 @@ def main(argv):
 
     with autocast:
         out = model.generate(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, generator=generator,
-                             recurrent_prompt=cfg.recurrent_prompt)
+                             recurrent_prompt=cfg.recurrent_prompt, prefill=cfg.prefill, prefill_tol=cfg.prefill_tol)
+    if model_cfg.t2mlr and cfg.prefill == "converged":      # the prompt's (or the last slid window's) sweeps
+        print(f"prefill: parallel Jacobi, tol {cfg.prefill_tol:g}: {model.jacobi_passes} middle-block passes "
+              f"(exact prefill: one per token)", file=sys.stderr)
     for row in out.tolist():
         # ids >= the tokenizer's vocabulary are padding rows of the embedding, never seen in training; drop
         # them so decoding cannot fail on an untrained model

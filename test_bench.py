@@ -14,9 +14,10 @@ import bench
 
 def test_bench_runs_and_writes_every_key(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    bench.main(["--repeats", "1", "--warmup", "0", "--batch_size", "1", "--seq_len", "64", "--out", str(out)])
+    bench.main(["--repeats", "1", "--warmup", "0", "--batch_size", "1", "--seq_len", "64", "--out", str(out),
+                "--prefill_lengths", "8", "24", "--prefill_tol", "0"])
     r = json.loads(out.read_text())
-    assert set(r["variants"]) == {"vanilla", "base", "mesh", "plain", "t2mlr"}
+    assert set(r["variants"]) == {"vanilla", "base", "mesh", "plain", "t2mlr", "t2mlr_tol", "t2mlr_ckpt"}
     for v in r["variants"].values():
         for key in ("fwd_bwd_ms", "step_ms", "fwd_bwd_ratio", "memory_mb", "memory_ratio", "mfu_fwd_bwd",
                     "decode_ms_per_token", "decode_ratio", "flop_ratio"):
@@ -25,7 +26,13 @@ def test_bench_runs_and_writes_every_key(tmp_path, capsys):
     assert r["variants"]["t2mlr"]["memory_mb"] > r["variants"]["plain"]["memory_mb"]   # b+1 copies of the middle block
     assert set(r["targets"]) == {"t2mlr_jacobi", "t2mlr_decode", "t2mlr_prefill", "mesh_vs_base", "vanilla_mfu"}
     assert r["prefill"]["tokens"] == [4, 64] and r["matmul_peak_flops"] > 0
-    assert "| vanilla |" in capsys.readouterr().out
+    o = r["jacobi_options"]
+    assert 1 < o["tol"]["passes_mean"] <= 16 and o["checkpoint"]["memory_vs_fixed"] < 1      # fewer bytes held
+    assert [p["tokens"] for p in r["jacobi_prefill"]] == [8, 24]
+    for p in r["jacobi_prefill"]:                                  # tol 0: sweeps to the exactness front, T passes
+        assert p["passes"] == p["tokens"] and p["max_logit_diff"] < 1e-3 and p["ratio"] > 0
+    printed = capsys.readouterr().out
+    assert "| vanilla |" in printed and "| 24 tokens | 24 |" in printed
 
 
 class LinearChain(torch.nn.Module):

@@ -161,6 +161,7 @@ RANGE_CASES = [
     (GPTConfig, "jacobi_grad_iters", [-1], [0], T2),
     (GPTConfig, "gate_bias_prob", [0.0, 1.0, NAN], [1e-6, 1 - 1e-6], T2),
     (GPTConfig, "gate_weight_gain", [0.0, INF], [1e-6], T2),
+    (GPTConfig, "jacobi_tol", [-1e-3, 1.0, NAN], [0.0, 0.999], T2),
     (TrainConfig, "eval_interval", [0], [1], {}),
     (TrainConfig, "eval_iters", [0], [1], {}),
     (TrainConfig, "log_interval", [0], [1], {}),
@@ -177,11 +178,13 @@ RANGE_CASES = [
     (TrainConfig, "grad_clip", [-1.0, NAN], [0.0], {}),
     (TrainConfig, "seed", [-1, 2 ** 32], [0, 2 ** 32 - 1], {}),
     (TrainConfig, "peak_flops", [0.0, -1.0, INF], [1.0], {}),
+    (TrainConfig, "val_tol", [-1e-6, 1.0, NAN], [0.0, 0.5], {}),
     (SampleConfig, "num_samples", [0], [1], {}),
     (SampleConfig, "max_new_tokens", [-1], [0], {}),
     (SampleConfig, "temperature", [-0.1, NAN, INF], [0.0], {}),
     (SampleConfig, "top_k", [0], [1], {}),
     (SampleConfig, "seed", [-1, 2 ** 64], [0, 2 ** 64 - 1], {}),
+    (SampleConfig, "prefill_tol", [-1e-6, 1.0, NAN], [0.0, 0.5], {}),
 ]
 # numeric fields that take any value on their own: negative layer indices count from the end, and
 # GPTConfig._check_t2mlr checks them against n_layer

@@ -51,7 +51,9 @@ class TrainConfig:
     # evaluation and logging
     eval_interval: int = 250              # evaluate and checkpoint every this many steps, and at the end
     eval_iters: int = 20                  # val batches: eval_iters * batch_size fixed windows over all ranks
-    val_mode: str = "exact"               # T²MLR only: 'exact' (token by token: the true loss) or 'jacobi'
+    val_mode: str = "exact"               # T²MLR only: 'exact' (token by token: the true loss), 'jacobi' (D sweeps), or
+                                          # 'converged' (parallel Jacobi sweeps until the state moves less than val_tol)
+    val_tol: float = 0.0                  # val_mode 'converged': relative state change that stops the sweeps; 0 = until exact
     log_interval: int = 10                # print and log the train loss every this many steps
     progress: bool = True                 # tqdm progress bar on rank 0
     # batch, in tokens (build-nanogpt); gradient accumulation is derived from it
@@ -79,7 +81,7 @@ class TrainConfig:
                 or (self.init_from.startswith("hf:") and len(self.init_from) > 3)):
             raise ValueError(f"init_from {self.init_from!r} is not 'scratch', 'resume', a checkpoint path ending in .pt "
                              f"or 'hf:<hub id or folder>'")
-        choices = {"val_mode": ("exact", "jacobi"),
+        choices = {"val_mode": ("exact", "jacobi", "converged"),
                    "dtype": ("auto", "float32", "bfloat16", "float16")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -95,7 +97,7 @@ TRAIN_RANGES = {
     "eval_interval": ">= 1", "eval_iters": ">= 1", "log_interval": ">= 1", "total_batch_size": ">= 1",
     "batch_size": ">= 1", "max_iters": ">= 0", "lr_decay_iters": ">= 1", "learning_rate": ">= 0", "min_lr": ">= 0",
     "warmup_iters": ">= 0", "weight_decay": ">= 0", "beta1": "[0, 1)", "beta2": "[0, 1)", "grad_clip": ">= 0",
-    "seed": "[0, 4294967295]", "peak_flops": "> 0",
+    "seed": "[0, 4294967295]", "peak_flops": "> 0", "val_tol": "[0, 1)",
 }
 
 
@@ -235,16 +237,16 @@ def get_lr(step, cfg):
 
 
 @torch.no_grad()
-def evaluate(model, path, dtype, starts, batch_size, block_size, device, autocast, mode=None):
+def evaluate(model, path, dtype, starts, batch_size, block_size, device, autocast, mode=None, tol=0.0):
     """Mean loss per token over the windows `starts` (this rank's share), summed over all ranks when
-    distributed, so the value does not depend on the world size. mode is passed to T²MLR models."""
+    distributed, so the value does not depend on the world size. mode and tol are passed to T²MLR models."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(2, device=device)             # (sum of token losses, number of tokens)
     for i in range(0, len(starts), batch_size):
         x, y = get_batch(path, dtype, starts[i:i + batch_size], block_size, device)
         with autocast:
-            _, loss = model(x, y, mode=mode)
+            _, loss = model(x, y, mode=mode, tol=tol)
         totals[0] += loss.float() * y.numel()
         totals[1] += y.numel()
     if dist.is_initialized():
@@ -494,7 +496,8 @@ def main(argv):
     # the fixed val windows, dealt out to the ranks; evaluate() sums over ranks
     val_windows = val_starts(meta["val_tokens"], T, cfg.eval_iters * cfg.batch_size)[rank::world_size]
     val_mode = cfg.val_mode if model_cfg.t2mlr else None
-    val_label = f"val loss ({cfg.val_mode})" if model_cfg.t2mlr else "val loss"
+    val_label = (f"val loss ({cfg.val_mode}" + (f", tol {cfg.val_tol:g})" if cfg.val_mode == "converged" else ")")
+                 if model_cfg.t2mlr else "val loss")
     # Last of the checks, all before anything is written: a relaunch that forgot --init_from=resume must not wipe a run.
     if not resumed and os.path.exists(ckpt_path):
         raise RunError(f"{ckpt_path} exists: continue it with --init_from=resume, or choose another out_dir")
@@ -532,7 +535,7 @@ def main(argv):
     # needs no find_unused_parameters.
     model = DDP(compiled, device_ids=[local_rank] if device_type == "cuda" else None) if ddp else compiled
     # The exact T²MLR forward loops over tokens in Python; compiling it would unroll T steps.
-    eval_model = raw_model if val_mode == "exact" else compiled
+    eval_model = compiled if val_mode == "jacobi" else raw_model
     flops_per_token = raw_model.train_flops_per_token()
     peak = cfg.peak_flops or (next((v for k, v in PEAK_FLOPS.items() if k in torch.cuda.get_device_name(device)), None)
                               if device_type == "cuda" else None)
@@ -563,13 +566,15 @@ def main(argv):
         last = step == cfg.max_iters
         # Evaluate and save after `step` updates; the step a run resumed from was evaluated already.
         if last or (step % cfg.eval_interval == 0 and (step > start_step or not resumed)):
-            val_loss = evaluate(eval_model, val_path, data_dtype, val_windows, cfg.batch_size, T, device, autocast, val_mode)
+            val_loss = evaluate(eval_model, val_path, data_dtype, val_windows, cfg.batch_size, T, device, autocast, val_mode,
+                                cfg.val_tol)
             best_val = min(best_val, val_loss)
             gathered = [(rng_states(data_gen), val_loss)] * world_size
             if ddp:                                   # rank 0 saves every rank's RNGs and logs every rank's val loss
                 dist.all_gather_object(gathered, gathered[rank])
             states = [g[0] for g in gathered]
             log({"step": step, "val_loss": val_loss, "val_mode": val_mode, "best_val_loss": best_val}
+                | ({"val_tol": cfg.val_tol} if val_mode == "converged" else {})
                 | ({"val_loss_by_rank": [g[1] for g in gathered]} if ddp else {}),
                 f"step {step}: {val_label} {val_loss:.4f} (best {best_val:.4f})")
             if master:
@@ -585,6 +590,7 @@ def main(argv):
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=device)     # summed on the device: no host sync per micro-step
+        passes = 0                                    # T²MLR: middle-block passes per micro-step (< D with jacobi_tol)
         starts = step_starts(meta["train_tokens"], T, cfg.batch_size, grad_accum, world_size, rank, data_gen)
         for micro in range(grad_accum):
             x, y = get_batch(train_path, data_dtype, starts[micro], T, device)
@@ -594,6 +600,7 @@ def main(argv):
                 with autocast:
                     _, loss = model(x, y)
                 loss_sum += loss.detach()
+                passes += getattr(raw_model, "jacobi_passes", 0)
                 scaler.scale(loss / grad_accum).backward()
         if ddp:
             dist.all_reduce(loss_sum)
@@ -620,9 +627,12 @@ def main(argv):
             eta = (time.time() - t_start) / (step + 1 - start_step) * (cfg.max_iters - step - 1)
             row = {"step": step, "loss": train_loss.item(), "lr": lr, "grad_norm": grad_norm.item(), "ms": 1000 * dt,
                    "tok_s": tok_s, "flops": flops, "mfu": flops / peak if peak else None}
+            if model_cfg.t2mlr:                       # mean Jacobi passes per micro-step (D unless jacobi_tol stopped early)
+                row["jacobi_passes"] = passes / grad_accum
             log(row, f"step {step}: loss {row['loss']:.4f}, lr {lr:.3g}, grad norm {row['grad_norm']:.3f}, "
                      f"{row['ms']:.0f} ms, {tok_s:,.0f} tok/s, " +
-                     (f"MFU {100 * row['mfu']:.1f}%" if peak else f"{flops / 1e12:.3g} TFLOP/s") + f", ETA {eta / 60:.1f} min")
+                     (f"MFU {100 * row['mfu']:.1f}%" if peak else f"{flops / 1e12:.3g} TFLOP/s") +
+                     (f", Jacobi passes {row['jacobi_passes']:.2f}" if model_cfg.t2mlr else "") + f", ETA {eta / 60:.1f} min")
     bar.close()
     if master:
         print(f"done: {cfg.max_iters} steps, best {val_label} {best_val:.4f}, checkpoint {ckpt_path}")

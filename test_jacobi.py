@@ -1,0 +1,243 @@
+"""
+T²MLR's Jacobi options beyond the reference, each against what it claims to equal (float64, CPU):
+
+- jacobi_tol: 0 is bit-identical to fixed D; a stop at tolerance tol is within the error bound that the
+  tolerance and the measured contraction imply; the gradient still flows through exactly b sweeps.
+- converged prefill (mode "converged", generate/sample prefill="converged"): equal to exact prefill, and
+  bit for bit to Jacobi at D = T; the cache it fills continues decoding exactly.
+- jacobi_checkpoint: the same values and gradients, fewer bytes held for backward.
+- jacobi_init "plain" (the reference's warm start): the exactness front is at D for both starts.
+
+    python -m pytest -q test_jacobi.py
+"""
+
+import pytest
+import torch
+
+from bench import SavedTensorMeter
+from model import GPT, GPTConfig, mix_state, recurrent_mask, shift_right, write_state
+
+TINY_LLAMA = dict(vocab_size=64, block_size=48, n_embd=32, n_head=4, flavour="llama", n_kv_head=2, mlp_hidden=48,
+                  rope_theta=100000.0, n_layer=5, t2mlr=True, l_start=1, l_end=3)
+
+
+def build(seed=0, theta=(0.6, -0.3), dtype=torch.float64, **kw):
+    """A float64 T²MLR model with random weights, biases and norms perturbed, the global gates opened."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**(TINY_LLAMA | kw))).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() < 2:
+                p.add_(0.1 * torch.randn_like(p))
+        model.gate.theta_r.fill_(theta[0])
+        model.gate.theta_x.fill_(theta[1])
+    return model.eval()
+
+
+def tokens(B=3, T=24, seed=1):
+    return torch.randint(0, 64, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def fixed_d_logits(model, idx, control=None):
+    """Jacobi with a fixed D written out as the loop it was before jacobi_tol existed: D-1 sweeps from
+    C = 0, the last b with gradient, then the final pass (the slow obvious reference for tol = 0)."""
+    cfg = model.cfg
+    lower, middle, upper = model.split_stack()
+    grad = torch.is_grad_enabled()
+    x = model.run_layers(model.wte(idx) * cfg.n_embd ** 0.5, lower, 0)
+    pre, recurrent = model.gate.precompute(x), recurrent_mask(control)
+    state = torch.zeros_like(x)
+    for d in range(cfg.jacobi_iters - 1):
+        with torch.set_grad_enabled(grad and cfg.jacobi_iters - 1 - d <= cfg.jacobi_grad_iters):
+            h = model.run_layers(mix_state(model.gate, x, state, pre, recurrent), middle, 0)
+            state = shift_right(write_state(h, state, cfg, recurrent))
+    h = model.run_layers(mix_state(model.gate, x, state, pre, recurrent), middle, 0)
+    return model.lm_head(model.ln_f(model.run_layers(h, upper, 0)))
+
+
+def sweep_changes(model, idx, sweeps):
+    """Run `sweeps` Jacobi sweeps by hand: (states C^(0..sweeps), changes max|C^(k) - C^(k-1)| / RMS(C^(k)))."""
+    lower, _, _ = model.split_stack()
+    x = model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, lower, 0)
+    pre = model.gate.precompute(x)
+    states, changes = [model.jacobi_start(x, pre, None)], []
+    for _ in range(sweeps):
+        states.append(model.jacobi_sweep(x, states[-1], pre, None))
+        changes.append(((states[-1] - states[-2]).abs().max() / states[-1].pow(2).mean().sqrt()).item())
+    return x, pre, states, changes
+
+
+# -----------------------------------------------------------------------------
+# jacobi_tol: early stop of the no-grad sweeps
+
+@pytest.mark.parametrize("D, b", [(16, 4), (6, 6), (3, 0)])
+def test_tol_zero_is_bit_identical_to_fixed_d(D, b):
+    """Values and gradients of jacobi_tol = 0 equal the fixed-D loop bit for bit; D passes are recorded."""
+    model = build(jacobi_iters=D, jacobi_grad_iters=b).train()
+    idx, targets = tokens(), tokens(seed=2)
+    logits = model(idx, mode="jacobi")[0]
+    assert torch.equal(logits, fixed_d_logits(model, idx)) and model.jacobi_passes == D
+    grads = []
+    for forward in (lambda: model(idx, mode="jacobi")[0], lambda: fixed_d_logits(model, idx)):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(forward().flatten(0, 1), targets.flatten()).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])
+
+
+@pytest.mark.parametrize("tol", [1e-2, 1e-4, 1e-7])
+def test_tol_stop_is_within_the_bound_it_implies(tol):
+    """Contractive setting (small global gates, R_t = h_t): the stop comes at the first sweep k whose change
+    is <= tol · RMS(C^(k)), and the state then differs from the converged one (T - 1 sweeps: exact) by at
+    most Σ_{j>k} Δ_j <= Δ_k · L / (1 - L) <= tol · RMS(C^(k)) · L / (1 - L), with Δ_j = max|C^(j) - C^(j-1)|
+    and L < 1 the largest measured ratio Δ_{j+1} / Δ_j after the stop."""
+    T = 24
+    model = build(theta=(0.05, 0.05), state_residual=False, jacobi_iters=T, jacobi_grad_iters=0, jacobi_tol=tol)
+    idx = tokens(T=T)
+    with torch.no_grad():
+        x, pre, states, changes = sweep_changes(model, idx, T - 1)
+        k = next(i for i, c in enumerate(changes, start=1) if c <= tol)            # sweeps until the stop
+        state = model.jacobi_state(x, pre, None, T - 1, 0, tol)
+    assert model.jacobi_passes == k + 1 < T                                         # k sweeps + the final pass
+    assert torch.equal(state, states[k])
+    deltas = [(b - a).abs().max().item() for a, b in zip(states[k:], states[k + 1:])]   # Δ_{k+1}, Δ_{k+2}, ...
+    floor = 1e-13                                    # float64 rounding of O(1) states: ratios below it are noise
+    deltas = [d for d in [(states[k] - states[k - 1]).abs().max().item()] + deltas if d > floor]
+    L = max(b / a for a, b in zip(deltas, deltas[1:]))
+    assert L < 1
+    bound = tol * states[k].pow(2).mean().sqrt().item() * L / (1 - L) + T * floor
+    error = (state - states[-1]).abs().max().item()
+    assert 0 < error <= bound, (error, bound, k, L)
+
+
+def test_tol_gradient_flows_through_exactly_b_sweeps():
+    """A stop after k free sweeps is the fixed-D computation with D = k + b + 1: equal values and gradients,
+    and those differ from a computation with one gradient sweep fewer."""
+    idx, targets = tokens(T=16), tokens(T=16, seed=2)
+    stopped = build(theta=(0.05, 0.05), state_residual=False, jacobi_iters=16, jacobi_grad_iters=3,
+                    jacobi_tol=1e-3).train()
+    loss = torch.nn.functional.cross_entropy(stopped(idx, mode="jacobi")[0].flatten(0, 1), targets.flatten())
+    D = stopped.jacobi_passes
+    assert 4 < D < 16                                                 # it did stop early, after some free sweeps
+    loss.backward()
+    for b, same in ((3, True), (2, False)):
+        fixed = build(theta=(0.05, 0.05), state_residual=False, jacobi_iters=D, jacobi_grad_iters=b).train()
+        fixed_loss = torch.nn.functional.cross_entropy(fixed(idx, mode="jacobi")[0].flatten(0, 1), targets.flatten())
+        fixed_loss.backward()
+        assert torch.equal(fixed_loss, loss)
+        g, h = stopped.gate.proj.weight.grad, fixed.gate.proj.weight.grad
+        assert torch.equal(g, h) == same
+
+
+def test_jacobi_tol_is_range_checked():
+    with pytest.raises(ValueError, match=r"^jacobi_tol = -0\.1 must be in \[0, 1\)"):
+        GPTConfig(**TINY_LLAMA, jacobi_tol=-0.1)
+    with pytest.raises(ValueError, match=r"^jacobi_init 'warm' is not one of 'zero', 'plain'"):
+        GPTConfig(**TINY_LLAMA, jacobi_init="warm")
+
+
+# -----------------------------------------------------------------------------
+# Parallel Jacobi prefill (mode "converged")
+
+@pytest.mark.parametrize("control", [None, "mixed"])
+def test_converged_prefill_equals_exact_prefill(control):
+    """tol = 0: logits, the cache's final state and every cached key equal exact prefill (float64, 1e-12),
+    and the logits equal Jacobi at D = T bit for bit."""
+    T = 20
+    model = build()
+    idx = tokens(T=T)
+    c = None if control is None else torch.tensor([[1] * 5 + [2] * 15, [2] * 20, [1] * 12 + [2] * 8])
+    caches = {mode: model.new_cache() for mode in ("exact", "converged")}
+    with torch.no_grad():
+        out = {mode: model(idx, mode=mode, cache=cache, control=c)[0] for mode, cache in caches.items()}
+        model.cfg.jacobi_iters = T
+        jacobi = model(idx, mode="jacobi", control=c)[0]
+    assert (out["converged"] - out["exact"]).abs().max() <= 1e-12
+    assert torch.equal(out["converged"], jacobi)
+    assert (caches["converged"].state - caches["exact"].state).abs().max() <= 1e-12
+    for a, b in zip(caches["converged"].layers, caches["exact"].layers):
+        assert a.length == b.length == T and (a.k[:, :, :T] - b.k[:, :, :T]).abs().max() <= 1e-12
+
+
+def test_converged_prefill_then_decoding_equals_exact_generation():
+    """generate(prefill="converged") continues exactly: greedy tokens equal exact prefill's, with a
+    non-recurrent prompt (converges in two sweeps) and a recurrent one, also once the window slides."""
+    model = build(block_size=24)
+    prompt = tokens(B=2, T=16)
+    for recurrent_prompt in (False, True):
+        want = model.generate(prompt, 14, temperature=0, recurrent_prompt=recurrent_prompt)
+        got = model.generate(prompt, 14, temperature=0, recurrent_prompt=recurrent_prompt, prefill="converged")
+        assert torch.equal(got, want)
+    with torch.no_grad():
+        model(prompt, mode="converged", cache=model.new_cache(), control=torch.ones_like(prompt), tol=1e-12)
+    assert model.jacobi_passes == 3                 # sweep 1 is exact, sweep 2 confirms it, then the final pass
+
+
+def test_converged_prefill_tolerance_trades_sweeps_for_bounded_error():
+    T = 40
+    model = build(theta=(0.05, 0.05), state_residual=False, block_size=T)
+    idx = tokens(T=T)
+    with torch.no_grad():
+        exact = model(idx, mode="exact")[0]
+        errors, passes = [], []
+        for tol in (0.0, 1e-8, 1e-4):
+            errors.append((model(idx, mode="converged", tol=tol)[0] - exact).abs().max().item())
+            passes.append(model.jacobi_passes)
+    assert passes[0] == T and passes[0] > passes[1] > passes[2]
+    assert errors[0] <= 1e-12 and errors[1] <= 1e-6 and errors[1] <= errors[2]
+
+
+def test_converged_prefill_refuses_a_filled_cache():
+    model = build()
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(tokens(T=4), cache=cache)
+        with pytest.raises(ValueError, match=r"^mode 'converged' fills an empty cache \(a prompt\); this one holds 4"):
+            model(tokens(T=4), mode="converged", cache=cache)
+    with pytest.raises(ValueError, match=r"^prefill 'fast' is not one of 'exact', 'converged'"):
+        model.generate(tokens(T=4), 2, prefill="fast")
+
+
+# -----------------------------------------------------------------------------
+# Sweep checkpointing and the plain (reference) start
+
+def test_checkpointed_sweeps_equal_plain_sweeps_and_hold_fewer_bytes():
+    idx, targets = tokens(T=24), tokens(T=24, seed=2)
+    held, grads = {}, {}
+    for ckpt in (False, True):
+        model = build(jacobi_iters=8, jacobi_grad_iters=4, jacobi_checkpoint=ckpt).train()
+        weights = list(model.parameters())
+        with SavedTensorMeter(exclude=weights) as meter:
+            logits, loss = model(idx, targets, mode="jacobi")
+        held[ckpt] = meter.peak
+        loss.backward()
+        grads[ckpt] = (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    assert torch.equal(grads[True][0], grads[False][0])
+    for n, g in grads[False][1].items():
+        assert torch.allclose(grads[True][1][n], g, rtol=1e-12, atol=1e-14), n
+    assert held[True] < 0.8 * held[False], held
+
+
+@pytest.mark.parametrize("init", ["zero", "plain"])
+def test_exactness_front_is_at_d_for_both_starts(init):
+    T = 24
+    model = build(jacobi_init=init)
+    idx = tokens(T=T)
+    with torch.no_grad():
+        exact = model(idx, mode="exact")[0]
+        for D in (1, 4, 9):
+            model.cfg.jacobi_iters = D
+            diff = (model(idx, mode="jacobi")[0] - exact).abs().amax(dim=(0, 2))
+            assert diff[:D].max() <= 1e-12 and diff[D] > 1e-6, (init, D)
+            assert model.jacobi_passes == D + (init == "plain")
+
+
+def test_plain_start_is_the_shifted_unmixed_middle_pass():
+    """C^(0) = shift(h^(0)), h^(0) the middle block on x without mixing (the reference's plain pass)."""
+    model = build(jacobi_init="plain")
+    lower, middle, _ = model.split_stack()
+    with torch.no_grad():
+        x = model.run_layers(model.wte(tokens()) * model.cfg.n_embd ** 0.5, lower, 0)
+        start = model.jacobi_start(x, model.gate.precompute(x), None)
+        want = shift_right(model.run_layers(x, middle, 0))
+    assert torch.equal(start, want) and start[:, 0].abs().max() == 0
