@@ -7,11 +7,12 @@ per-round ratio, so load from other processes hits both sides of every ratio ali
     python bench.py --size 160m --device cuda     # the 160M MeSH family and SmolLM2-135M T²MLR, bf16
     python bench.py --repeats 9 --out bench.json
 
-Variants. MeSH family (GPT-NeoX blocks, mesh.md §3): vanilla, base recursion and MeSH at the same
+Variants. MeSH family (GPT-NeoX blocks, as the MeSH paper): vanilla, base recursion and MeSH at the same
 unrolled depth (tiny: 8 layers vs 2+2R2+2). T²MLR family (LLaMA blocks): plain vs T²MLR Jacobi; the tiny
-size is the setting of t2mlr.md §11 (d 128, 8 layers, 4 heads, vocab 512, SwiGLU 512, layers 2..5
-recurrent, T 256, batch 4, D 16, b 4, θ_r = θ_x = 0.5 so the recurrence is active), so its ratios compare
-directly with the reference implementation's (Jacobi 5.27×, decode 1.17×, exact prefill 14×).
+size is the setting in which we timed the T²MLR reference code (github.com/princeton-pli/T2MLR) on CPU
+(d 128, 8 layers, 4 heads, vocab 512, SwiGLU 512, layers 2..5 recurrent, T 256, batch 4, D 16, b 4,
+θ_r = θ_x = 0.5 so the recurrence is active), so its ratios compare directly with the reference
+implementation's (Jacobi 5.27×, decode 1.17×, exact prefill 14×).
 
 Measurements, each the median of --repeats rounds after --warmup rounds:
 - train step: forward + backward (the reference's "fwd+bwd"), and the full step with the AdamW update;
@@ -67,7 +68,7 @@ SIZES = {
 }
 BASELINE = {"vanilla": "vanilla", "base": "vanilla", "mesh": "vanilla", "plain": "plain", "t2mlr": "plain",
             "t2mlr_tol": "plain", "t2mlr_ckpt": "plain"}
-REFERENCE = {"t2mlr_jacobi": 5.27, "t2mlr_decode": 1.17, "t2mlr_prefill": 14.0}   # t2mlr.md §11, same setting
+REFERENCE = {"t2mlr_jacobi": 5.27, "t2mlr_decode": 1.17, "t2mlr_prefill": 14.0}   # the reference code, timed on CPU
 TARGETS = [   # (key in the results, description, bound, "<=" or ">="): the CPU targets of the issue
     ("t2mlr_jacobi", "T²MLR Jacobi fwd+bwd / plain", 4.8, "<="),
     ("t2mlr_decode", "T²MLR decode / plain, per token", 1.05, "<="),
@@ -268,7 +269,7 @@ def tokenizer_fns():
     each returning seconds and counting tokens; None when the GPT-2 vocabulary cannot be loaded (offline)."""
     import prepare_data
     shared = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shared", "tiktoken_cache")
-    if os.path.isdir(shared):       # the offline copy of the GPT-2 files (style.md D.5)
+    if os.path.isdir(shared):       # the offline GPT-2 files, for when tiktoken cannot download them
         os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.abspath(shared))
     try:
         tok = prepare_data.get_tokenizer("gpt2")
@@ -441,7 +442,7 @@ def markdown(r):
         k = r["tokenizer"]
         lines.append(f"Tokenizer (GPT-2 BPE, pydoc, {k['tokens']:,} tokens): prepare_data {k['prepare_data_tok_s'] / 1e6:.2f}M tok/s, "
                      f"bare tiktoken encode_ordinary_batch {k['tiktoken_tok_s'] / 1e6:.2f}M tok/s ({k['ratio']:.2f}× of bare).")
-    lines += ["", "| target | measured | bound | met | reference (t2mlr.md §11) |", "|---|---|---|---|---|"]
+    lines += ["", "| target | measured | bound | met | reference (T²MLR code, CPU) |", "|---|---|---|---|---|"]
     for key, desc, bound, op in TARGETS:
         tg = r["targets"][key]
         fmt = (lambda x: f"{100 * x:.0f}%") if key == "vanilla_mfu" else (lambda x: f"{x:.2f}×")
@@ -453,7 +454,7 @@ def markdown(r):
 def main(argv=None):
     """Run the command line; returns the bench.json dict."""
     p = argparse.ArgumentParser(description="Speed and memory of every variant, interleaved in one process.")
-    p.add_argument("--size", choices=list(SIZES), default="tiny", help="default tiny (t2mlr.md §11's setting)")
+    p.add_argument("--size", choices=list(SIZES), default="tiny", help="default tiny (T²MLR reference timings)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1 ...")
     p.add_argument("--repeats", type=int, default=7, help="measured rounds per measurement (median); default 7")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first; default 2")

@@ -1,5 +1,6 @@
 """
-One small, explicit config loader shared by train.py, sample.py and model.py (style.md D.1).
+One small, explicit config loader shared by train.py, sample.py and model.py,
+in place of nanoGPT's exec-into-globals configurator.
 
     python train.py config/tiny_mesh.py --batch_size=8 --learning_rate=3e-4 --compile=False
 

@@ -1,5 +1,5 @@
 """
-See inside a trained model: MeSH's three diagnostics of the hidden states (mesh.md §4, MeSH paper §3, Fig. 1-3),
+See inside a trained model: MeSH's three diagnostics of the hidden states (MeSH paper §4.1, Fig. 1),
 for every variant of model.py (vanilla, base / residual / anchor / anchor* / mesh recursion, T²MLR).
 
     python probe.py out/tiny_mesh/ckpt.pt                     # 64 val sequences, writes next to the checkpoint
@@ -38,14 +38,15 @@ from train import RunError, get_batch, load_meta, load_model, val_starts
 # value per sequence, computed in float64.
 
 def relative_update(h, f_h):
-    """Computational skew of one block (mesh.md §4(a)): 2‖f(h) − h‖_F / (‖f(h)‖_F + ‖h‖_F) per sequence.
+    """Computational skew of one block (MeSH paper §4.1): 2‖f(h) − h‖_F / (‖f(h)‖_F + ‖h‖_F) per sequence.
     h, f_h: (B, T, C) -> (B,). 0 for an identity block, 2 when f(h) = −h."""
     h, f_h = h.double(), f_h.double()
     return 2 * (f_h - h).flatten(1).norm(dim=1) / (f_h.flatten(1).norm(dim=1) + h.flatten(1).norm(dim=1))
 
 
 def rbf_gram(x, threshold=1.0):
-    """RBF Gram matrix with the median heuristic, as Kornblith et al.'s `gram_rbf` (mesh.md §4(b)):
+    """RBF Gram matrix with the median heuristic, as Kornblith et al.'s `gram_rbf` (the MeSH paper
+    names an RBF kernel but not its bandwidth; the median rule is our choice):
     K_ij = exp(−‖x_i − x_j‖² / (2 σ²)), σ² = threshold² · median of the squared distances (diagonal included).
     x: (B, T, C) -> (B, T, T)."""
     x = x.double()
@@ -90,7 +91,8 @@ def cka(x, y, kernel="rbf"):
 
 
 def singular_values(x):
-    """Singular values σ_0 ≥ σ_1 ≥ ... of each raw (uncentred, mesh.md §4(c)) matrix: (B, T, C) -> (B, min(T, C))."""
+    """Singular values σ_0 ≥ σ_1 ≥ ... of each raw matrix (uncentred: the MeSH paper mentions no centring):
+    (B, T, C) -> (B, min(T, C))."""
     return torch.linalg.svdvals(x.double())
 
 
@@ -130,8 +132,9 @@ def t2mlr_probe(model, idx):
     forward(probes=...) in exact mode reports the middle block as one unit, so it is split here: given the
     gate outputs x'_t = gate(x_t, R_{t−1}) of all positions, the token-by-token pass through the middle layers
     (each token attending to the cached keys of earlier tokens) equals one causal parallel pass over x'. The
-    states R_t follow from the middle outputs h_t by the model's own update_state (t2mlr.md §2). The result is
-    checked against the exact forward. Block names use global layer indices, "gate" sits before l_start.
+    states R_t follow from the middle outputs h_t by the model's own update_state (the T²MLR reference code's
+    R_t = s·(h_t + R_{t−1}) with a clamped stop-gradient RMS scale s). The result is checked against the exact
+    forward. Block names use global layer indices, "gate" sits before l_start.
     """
     cfg = model.cfg
     start, end = cfg.recurrent_layers
@@ -318,7 +321,7 @@ def validation_sequences(ckpt, num_seqs, seq_len, data_dir=None):
 @torch.no_grad()
 def main(argv=None):
     """Run the command line; returns the probe.json dict. Raises RunError for a bad checkpoint or data."""
-    p = argparse.ArgumentParser(description="MeSH's hidden-state diagnostics (mesh.md §4) for a trained checkpoint.")
+    p = argparse.ArgumentParser(description="MeSH paper §4.1's hidden-state diagnostics for a trained checkpoint.")
     p.add_argument("checkpoint", help="path to a train.py ckpt.pt")
     p.add_argument("--num_seqs", type=int, default=64, help="validation sequences (the paper used 500); default 64")
     p.add_argument("--seq_len", type=int, default=None, help="tokens per sequence; default the model's block_size")

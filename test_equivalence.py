@@ -1,10 +1,11 @@
 """
 Equivalences that make the model trustworthy, each against a slow obvious computation (float64, CPU).
 
-MeSH family (mesh.md §1-2): a one-loop layout equals the vanilla stack; MeSH with one-hot routers
-equals base and residual recursion; KV-cache decoding equals full recompute; causality; the papers'
-parameter counts. T²MLR (t2mlr.md §3-4): Jacobi with D >= T equals exact recurrence equals a naive
-token-by-token loop over the full stack, values and gradients; the exactness front for D < T;
+MeSH family (the MeSH paper's prelude/core/coda layouts, its §3.1 heuristics and its Eq. 3 memory): a
+one-loop layout equals the vanilla stack; MeSH with one-hot routers equals base and residual recursion;
+KV-cache decoding equals full recompute; causality; the papers' parameter counts. T²MLR (the Jacobi
+training and exact decoding of the authors' reference code): Jacobi with D >= T equals exact recurrence
+equals a naive token-by-token loop over the full stack, values and gradients; the exactness front for D < T;
 zero gates equal the vanilla model; cached decoding; batch-row independence.
 
 Run: python -m pytest -q test_equivalence.py
@@ -73,7 +74,8 @@ def one_hot_routers(model, reads, writes):
 
 @pytest.mark.parametrize("flavour", [TINY, TINY_LLAMA])
 def test_mesh_one_hot_reproduces_base_and_residual(flavour):
-    """mesh.md §2.2 special cases. Steps = transitional + K loops.
+    """The MeSH paper says its memory contains base and residual recursion as special cases; that one-hot
+    routers reproduce them exactly is our own reading. Steps = transitional + K loops.
     base: write step s into fresh slot s+1 and read it back -> h(t+1) = f_core(h(t)).
     residual: write and read slot 1 always -> m_1 = h_pre + sum h_m, so h(t+1) = h(t) + f_core(h(t))."""
     K, idx = 3, tokens()
@@ -108,7 +110,8 @@ def test_state_modes_follow_their_equations():
 
 
 def test_mesh_routers_are_not_symmetric_at_init():
-    """Zero router weights would keep the empty slots identical forever (mesh.md §2.2): init must not do that."""
+    """Zero router weights would keep the empty slots identical forever (the MeSH paper gives no router init;
+    ours is random weights, zero bias): init must not do that."""
     model = GPT(GPTConfig(**dict(TINY, layout="1+2R2+1", state_mode="mesh")))
     for router in list(model.mesh.write_routers) + list(model.mesh.read_routers):
         assert router.weight.std() > 0.05 and router.bias.abs().max() == 0
@@ -145,7 +148,8 @@ def test_causality(name):
         assert (a[:, 12] - b[:, 12]).abs().max() > 1e-6, mode
 
 
-PAPER_COUNTS = [   # (config fields, non-embedding parameters, router parameters) — mesh.md §1, t2mlr.md §6
+PAPER_COUNTS = [   # (config fields, non-embedding parameters, router parameters): Pythia's published counts,
+    # the MeSH paper's Table 5 and its router formula (with biases); last row: the T²MLR reference's SmolLM2-135M
     (dict(n_embd=768, n_head=12, n_layer=12), 85_056_000, 0),
     (dict(n_embd=768, n_head=12, layout="2+4R2+2", state_mode="mesh"), 56_704_512, 23_070),
     (dict(n_embd=1024, n_head=16, n_layer=24), 302_311_424, 0),
@@ -203,7 +207,8 @@ T2MLR_NAMES = [name for name in VARIANTS if name.startswith("t2mlr")]
 
 @pytest.mark.parametrize("name", T2MLR_NAMES)
 def test_jacobi_full_depth_equals_exact_equals_naive(name):
-    """Jacobi with D >= T is exact (t2mlr.md §3): the same logits as exact mode and the naive loop."""
+    """Jacobi with D >= T is exact (each sweep makes one more position exact): the same logits as exact mode
+    and the naive loop."""
     T = 12
     model = build(**dict(VARIANTS[name], jacobi_iters=T, jacobi_grad_iters=2))
     idx = tokens(T=T)
@@ -279,7 +284,7 @@ def test_shift_pads_with_zeros_never_rolls():
 
 
 def test_state_update_clamps_its_stop_gradient_scale():
-    """R = s·(h + R_prev) with s = clamp(1/rms, 0.2, 5) on detached values (t2mlr.md §2)."""
+    """R = s·(h + R_prev) with s = clamp(1/rms, 0.2, 5) on detached values (the T²MLR reference's update)."""
     h = torch.full((1, 1, 4), 10.0, requires_grad=True)             # rms 10 -> s = 0.1, clamped to 0.2
     r = update_state(h, torch.zeros(1, 1, 4), residual=True, detach=False)
     assert torch.allclose(r, torch.full((1, 1, 4), 2.0))

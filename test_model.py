@@ -62,7 +62,9 @@ def test_flavour_defaults():
 
 
 def test_init_follows_the_recipe():
-    """std sqrt(2/(5C)) everywhere, out projections / sqrt(2·unrolled depth), zero biases (mesh.md §3)."""
+    """std sqrt(2/(5C)) everywhere, out projections / sqrt(2·unrolled depth), zero biases.
+    The out-projection scaling is the MeSH paper's depth-aware init; the paper gives no base std or bias init, so
+    Huginn's std and zero biases are our choice."""
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=512, block_size=32, n_embd=256, n_head=4, layout="2+2R3+2", state_mode="mesh")
     model = GPT(cfg)
@@ -211,7 +213,7 @@ def test_no_training_key_passes_for_a_misspelled_model_key():
 
 
 def test_t2mlr_gate_initialisation():
-    """Reference init (t2mlr.md §1): θ = 0 (identity), A_r/A_x xavier-normal gain 1 = std sqrt(2/(3C)),
+    """The T²MLR reference code's init: θ = 0 (identity), A_r/A_x xavier-normal gain 1 = std sqrt(2/(3C)),
     biases U(±1/sqrt(2C)), W_p the Linear default U(±1/sqrt(C)); 5C² + 2C + 2 parameters."""
     torch.manual_seed(0)
     C = 256

@@ -1,5 +1,5 @@
 """
-Tests of probe.py: the properties of the three measures (mesh.md §4) and a run of the command line on tiny
+Tests of probe.py: the properties of the three measures (MeSH paper §4.1) and a run of the command line on tiny
 random checkpoints of each kind of variant. Run: python -m pytest -q test_probe.py (a few seconds)
 """
 
@@ -102,7 +102,7 @@ def write_checkpoint(tmp_path, fields):
     (data / "meta.json").write_text(json.dumps({"vocab_size": 60, "dtype": "uint16", "train_tokens": 400, "val_tokens": 300}))
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY, **fields))
-    if model.gate is not None:          # θ = 0.5 so that the recurrent state matters (t2mlr.md §11)
+    if model.gate is not None:          # θ = 0.5 so the state matters (θ = 0: identity gate)
         model.gate.theta_r.data.fill_(0.5)
         model.gate.theta_x.data.fill_(0.5)
     path = tmp_path / "ckpt.pt"

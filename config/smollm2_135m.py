@@ -1,7 +1,8 @@
-# SmolLM2-135M: the T²MLR paper's baseline (LLaMA blocks), trained from scratch as in t2mlr.md §6.
+# SmolLM2-135M: the T²MLR paper's baseline (LLaMA blocks), trained from scratch as the T²MLR
+# reference code's FineWeb run (github.com/princeton-pli/T2MLR, scripts/fineweb).
 # Run: python train.py config/smollm2_135m.py
 
-# model (t2mlr.md §6)
+# model (SmolLM2-135M's config, from scratch, as the reference's FineWeb run)
 flavour = "llama"               # RMSNorm, sequential residual, SwiGLU, rotary on all dims, GQA, no biases, tied
 vocab_size = 50304              # GPT-2 BPE padded (the reference used SmolLM2's own 49,152-token vocabulary)
 n_layer = 30
@@ -12,7 +13,7 @@ mlp_hidden = 1536               # SwiGLU width
 rope_theta = 100000.0
 block_size = 2048
 
-# data and optimisation (t2mlr.md §6)
+# data and optimisation (the reference's scripts/fineweb/train_fineweb.sh and its sweep)
 dataset = "fineweb_edu"         # FineWeb-Edu sample-10BT, as the reference
 total_batch_size = 524_288      # 256 sequences x 2048 tokens
 batch_size = 16                 # sequences per GPU per micro-step; accumulation is derived

@@ -1,4 +1,5 @@
-# Tiny MeSH model: 2+2R2+2 with a B = K+3 = 5 slot memory routed between loops (mesh.md §2.2).
+# Tiny MeSH model: 2+2R2+2 with a B = K+3 = 5 slot memory routed between loops
+# (MeSH paper Eq. 3; the B = K+3 rule comes from its buffer-size ablation, Table 3).
 # Everything but the layout and state passing equals tiny_vanilla.py, so the val losses compare directly.
 # Run: python prepare_data.py --source pydoc --tokenizer byte && python train.py config/tiny_mesh.py
 

@@ -1,8 +1,8 @@
 # Vanilla 16-layer baseline.
-# Pythia-1B shape (GPT-NeoX blocks) with the MeSH paper's recipe (mesh.md §3).
+# Pythia-1B shape (GPT-NeoX blocks) with the MeSH paper's training recipe; Pythia's values where the paper is silent.
 # Run: python train.py config/vanilla_1b.py   (override any key: --batch_size=4 --max_iters=1000)
 
-# model (mesh.md §1, §3)
+# model (Pythia's GPT-NeoX architecture, as the MeSH paper; sizes and layouts as in its Table 1)
 flavour = "neox"                # LayerNorm, parallel residual, GELU MLP 4d, rotary 25%, biases, untied
 vocab_size = 50304              # GPT-2 BPE 50257 padded to a multiple of 64 (paper: GPT-NeoX BPE, same size)
 n_embd = 2048
@@ -10,7 +10,7 @@ n_head = 8
 n_layer = 16
 block_size = 4096               # the paper's sequence length (Pythia used 2048)
 
-# data and optimisation (mesh.md §3)
+# data and optimisation (as the MeSH paper states them, unless a line says otherwise)
 dataset = "fineweb_edu"        # python prepare_data.py  (the paper trained on the Pile; we default to FineWeb-Edu)
 total_batch_size = 2_097_152   # tokens per step: 512 sequences x 4096, as the paper
 batch_size = 2                 # sequences per GPU per micro-step (ours: fits 80 GB in bf16); accumulation is derived
