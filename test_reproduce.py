@@ -289,6 +289,7 @@ def test_quick_mode_end_to_end_slow(pydoc, tmp_path):
     claims = {c["id"]: c for c in report["claims"]}
     assert {"mesh-K2-1", "mesh-K4-3", "diag-K4-1b", "t2mlr-1", "t2mlr-2", "t2mlr-2b", "t2mlr-3"} <= set(claims)
     assert all(c["ours"]["n"] == 2 and c["ours"]["ci"] is not None for c in claims.values())
+    assert "mesh-K4-6" not in claims                                # K4 has no mesh_as_base arm
     for path in report["figures"]:
         assert os.path.getsize(path) > 10_000
     assert len(report["figures"]) == 5 and "Claims" in (results / "reproduce.md").read_text()
