@@ -18,7 +18,9 @@ T²MLR (Transformer with Temporal Middle-Layer Recurrence, arXiv 2607.15178).
     l_start..l_end (gradients through the last b); inference is exact, token by token through the
     middle block, with a KV cache plus one recurrent state.
 
-Specifications: shared/design/mesh.md and shared/design/t2mlr.md (section numbers below refer to them).
+Section, equation, table and figure numbers below refer to the two papers ("MeSH paper §3.2, Eq. 3").
+"The reference" is the public T²MLR code (github.com/princeton-pli/T2MLR), whose details the T²MLR
+parts follow; "our reading" marks a choice the papers leave open.
 """
 
 import glob
@@ -182,8 +184,8 @@ def make_norm(cfg):
 class Block(nn.Module):
     """One transformer layer, a map (B, T, C) -> (B, T, C) that includes its own residual.
 
-    neox  (Pythia / GPT-NeoX, mesh.md §3): parallel residual x + attn(ln1(x)) + mlp(ln2(x)).
-    llama (SmolLM2, t2mlr.md §6):          sequential x = x + attn(ln1(x)); x = x + mlp(ln2(x)).
+    neox  (Pythia / GPT-NeoX, as in the MeSH paper):      parallel residual x + attn(ln1(x)) + mlp(ln2(x)).
+    llama (SmolLM2, the T²MLR reference's FineWeb model): sequential x = x + attn(ln1(x)); x = x + mlp(ln2(x)).
     """
 
     def __init__(self, cfg):
@@ -199,7 +201,7 @@ class Block(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# MeSH: state passing between loops of the core (mesh.md §2)
+# MeSH: state passing between loops of the core (MeSH paper §3.1 heuristics, §3.2 memory)
 
 def slot_softmax(logits):
     """Softmax over the slot dimension, in fp32 even under bf16 autocast (float64 stays float64)."""
@@ -207,7 +209,7 @@ def slot_softmax(logits):
 
 
 class MeshMemory(nn.Module):
-    """The MeSH slot buffer's routers (mesh.md §2.2, paper §3.2).
+    """The MeSH slot buffer's routers (MeSH paper §3.2).
 
     One write and one read router per step, steps = the transitional step + K loops, each a
     Linear(C -> n_slots) with bias: (K+1) * 2 * (C*n_slots + n_slots) parameters. Routing weights are
@@ -243,10 +245,11 @@ class MeshMemory(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# T²MLR: the gate that fuses the previous token's state, and the state update (t2mlr.md §1, §2)
+# T²MLR: the gate that fuses the previous token's state, and the state update (both as the reference has them)
 
 class TemporalGate(nn.Module):
-    """Gated fusion of the recurrent state r = R_{t-1} into the input x of layer l_start (t2mlr.md §1):
+    """Gated fusion of the recurrent state r = R_{t-1} into the input x of layer l_start (the reference's "gated"
+    mixer, the one all its released scripts use):
 
         r~ = W_p r;  g = [x ; r~]
         a_r = σ(A_r g + b_r),  a_x = σ(A_x g + b_x)               per-dimension local gates
@@ -269,7 +272,7 @@ class TemporalGate(nn.Module):
 
     def precompute(self, x):
         """x (B, T, C) -> (x half of the gate logits (B, T, 2C), γ_r, γ_x), reused by every sweep or token.
-        θ are fp32 master weights and autocast leaves tanh in fp32 (§8.11)."""
+        θ are fp32 master weights and autocast leaves tanh in fp32 (the reference keeps θ and tanh in fp32 too)."""
         return self.gates_x(x), torch.tanh(self.theta_r).to(x.dtype), torch.tanh(self.theta_x).to(x.dtype)
 
     def forward(self, x, r, pre=None):
@@ -281,7 +284,7 @@ class TemporalGate(nn.Module):
 
 
 def update_state(h, r_prev, residual: bool, detach: bool):
-    """The recurrent state written at a token from the output h of layer l_end (t2mlr.md §2):
+    """The recurrent state written at a token from the output h of layer l_end (as the reference writes it):
 
         residual off:  R_t = h_t
         residual on:   u_t = h_t + R_{t-1};  s_t = clamp(1 / sqrt(mean(u_t²) + 1e-6), 1/5, 5);  R_t = s_t · u_t
@@ -303,7 +306,8 @@ def state_change(new, old):
 
 
 def shift_right(x):
-    """Time shift (B, T, C) -> (B, T, C): position t gets x[t-1], position 0 gets zeros (never a roll, §8.1)."""
+    """Time shift (B, T, C) -> (B, T, C): position t gets x[t-1], position 0 gets zeros (R_{-1} = 0; never
+    a roll, which would feed the last position's state to position 0)."""
     return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
 
 
@@ -345,7 +349,8 @@ GPT_RANGES = {
 
 
 def parse_layout(layout: str):
-    """'P+CRK+Q' -> (n_prelude, n_core, n_loop, n_coda), e.g. '2+4R2+2' -> (2, 4, 2, 2) (mesh.md §1).
+    """'P+CRK+Q' -> (n_prelude, n_core, n_loop, n_coda), e.g. '2+4R2+2' -> (2, 4, 2, 2), the MeSH paper's
+    notation (as in its Table 1).
 
     Raises ValueError quoting the string when it is malformed, has no core layers or K < 1.
     """
@@ -366,7 +371,7 @@ class GPTConfig:
     vocab_size: int = 50304          # GPT-2's 50257 padded to a multiple of 64
     block_size: int = 1024           # maximum sequence length T
     n_layer: int = 12                # depth of a vanilla model (used when layout is "")
-    layout: str = ""                 # recursive depth "P+CRK+Q": prelude, core layers, loops K, coda (mesh.md §1)
+    layout: str = ""                 # recursive depth "P+CRK+Q": prelude, core layers, loops K, coda (MeSH's notation)
     n_head: int = 12
     n_kv_head: Optional[int] = None  # grouped-query attention; None = n_head
     n_embd: int = 768                # C (the papers' d / D / H)
@@ -377,11 +382,12 @@ class GPTConfig:
     tie_embeddings: Optional[bool] = None  # None = False (neox, Pythia) / True (llama, SmolLM2)
     norm_eps: float = 1e-5
     embed_scale: bool = True         # multiply token embeddings by sqrt(C) (MeSH §4.1); False for Pythia/SmolLM2 weights
-    # MeSH and the heuristic state passings (mesh.md §2)
+    # MeSH and the heuristic state passings (MeSH paper §3.1-3.2)
     state_mode: str = "base"         # h_sup: base 0 | residual h(t) | anchor h(0) | anchor_star h_emb | mesh
-    mesh_slots: Optional[int] = None  # B_slots; None = K + 3 (paper §4.4, Table 3)
-    mesh_trans_router_in: str = "pre"  # input of the transitional routers: "pre" (h_pre) or "emb" (h_emb) (mesh.md §2.2 [I])
-    # T²MLR (t2mlr.md §1-3)
+    mesh_slots: Optional[int] = None  # B_slots; None = K + 3 (MeSH paper §4.4, Table 3)
+    mesh_trans_router_in: str = "pre"  # input of the transitional routers: "pre" (h_pre) or "emb" (h_emb);
+                                       # the MeSH paper does not say which: "pre" is our reading
+    # T²MLR (gate, state update and Jacobi training as the reference has them)
     t2mlr: bool = False
     l_start: int = 0                 # first recurrent layer (gate at its input); negative counts from the end
     l_end: int = -1                  # last recurrent layer (state written from its output); inclusive
@@ -390,8 +396,8 @@ class GPTConfig:
     jacobi_tol: float = 0.0          # > 0: stop the no-grad sweeps once the state moves less than this (relative); 0 = always D
     jacobi_checkpoint: bool = False  # recompute the b gradient sweeps' activations in backward (less memory, more time)
     jacobi_init: str = "zero"        # C^(0): "zero" (ours) or "plain" (the reference's warm start, one middle pass more)
-    state_residual: bool = True      # R_t = s·(h_t + R_{t-1}) instead of R_t = h_t (§2)
-    state_detach: bool = False       # stop the gradient along the R chain (§2)
+    state_residual: bool = True      # R_t = s·(h_t + R_{t-1}) instead of R_t = h_t (on in the reference's FineWeb run)
+    state_detach: bool = False       # stop the gradient along the R chain (the reference: off for FineWeb, on for S5)
     gate_bias_prob: Optional[float] = None  # gate biases b_r = b_x = logit(p) (S5: 0.5 -> 0); None = Linear default (FineWeb)
     gate_weight_gain: float = 1.0    # xavier-normal gain of A_r, A_x (FineWeb and S5 1.0, the reference's SFT tasks 1e-2)
 
@@ -489,14 +495,15 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """One initialisation for every variant, so comparisons are fair (mesh.md §3, Huginn's recipe):
+        """One initialisation for every variant, so comparisons are fair (the MeSH paper's recipe, with
+        Huginn's base std where the paper does not state one):
 
         * every Linear/Embedding weight ~ N(0, std²) with std = sqrt(2 / (5 C)); biases 0; norm weights 1;
         * attention-out and MLP-down projections: std / sqrt(2 · unrolled depth) (depth-aware, MeSH §4.1);
         * the embeddings are multiplied by sqrt(C) in the forward pass, not here;
         * MeSH routers: the same small normal and zero bias, NEVER zero weights (zero weights would keep
-          the empty slots 1..B-1 identical forever, mesh.md §2.2);
-        * the T²MLR gate keeps its reference initialisation (t2mlr.md §1): W_p the PyTorch Linear default;
+          the empty slots 1..B-1 identical forever; the MeSH paper states no router init: our choice);
+        * the T²MLR gate keeps the reference's initialisation: W_p the PyTorch Linear default;
           A_r, A_x (C x 2C each) xavier-normal with gain g = gate_weight_gain, i.e. std g·sqrt(2/(3C));
           biases b_r, b_x = logit(gate_bias_prob) (p clamped to [1e-4, 1 - 1e-4], as the reference does)
           or, when that is None, the default of a Linear(2C -> C), U(-1/sqrt(2C), 1/sqrt(2C));
@@ -537,11 +544,12 @@ class GPT(nn.Module):
 
         idx: (B, T) token ids; targets: (B, T) ids, -1 = ignored. With `cache`, idx continues the
         sequence the cache holds (positions cache.length..), and the cache is updated in place.
-        mode (T²MLR only): "jacobi" (parallel training approximation, §3), "exact" (token-by-token
-        recurrence, §4) or "converged" (the exact result by parallel Jacobi sweeps until the state moves
-        less than `tol`, converged_forward: a parallel prefill); default "jacobi" in train() and "exact" in
-        eval(). With a cache, "jacobi" means exact and "converged" needs the cache empty.
-        probes: a dict to fill with the diagnostic states (see `probe_states`), or None.
+        mode (T²MLR only): "jacobi" (parallel training approximation, as the reference trains), "exact"
+        (token-by-token recurrence, as the reference evaluates) or "converged" (the exact result by parallel
+        Jacobi sweeps until the state moves less than `tol`, converged_forward: a parallel prefill); default
+        "jacobi" in train() and "exact" in eval(). With a cache, "jacobi" means exact and "converged" needs
+        the cache empty.
+        probes: a dict to fill with the diagnostic states (probe.py reads it), or None.
         control (T²MLR only; ignored by other models): (B, T) ints, 0 padding, 1 non-recurrent, >= 2
         recurrent (see recurrent_mask); None = every token recurrent.
         Returns (logits (B, T, V), loss scalar or None). Raises ValueError when the sequence is longer
@@ -609,7 +617,7 @@ class GPT(nn.Module):
     # ---- depth: vanilla and recursive (MeSH paper) -----------------------------
 
     def depth_forward(self, h_emb, pos=0, cache=None, probes=None):
-        """h_emb (B, T, C) -> coda output (B, T, C), following mesh.md §2.1:
+        """h_emb (B, T, C) -> coda output (B, T, C), following the MeSH paper §3.1:
 
             h(0) = f_pre(h_emb);  h(t+1) = f_core(h(t)) + h_sup(t), t = 0..K-1;  h_out = f_coda(h(K))
 
@@ -624,7 +632,7 @@ class GPT(nn.Module):
         if k == 0:
             return h
         buffer = None
-        if self.mesh is not None:       # transitional cycle: write h_pre, read h(0) (mesh.md §2.2)
+        if self.mesh is not None:       # the MeSH paper's transitional cycle: write h_pre, read h(0)
             buffer = self.mesh.new_buffer(h_emb)
             router_in = h if self.cfg.mesh_trans_router_in == "pre" else h_emb
             buffer, h = self.mesh.write_read(0, buffer, router_in, h)
@@ -641,7 +649,7 @@ class GPT(nn.Module):
         return self.run_layers(h, coda, pos, caches[p + k * c:], probes, "coda")
 
     def next_state(self, t, h, h_m, h0, h_emb, buffer):
-        """h(t+1) from the loop input h = h(t) and the core output h_m = f_core(h(t)) (mesh.md §2.1-2.2).
+        """h(t+1) from the loop input h = h(t) and the core output h_m = f_core(h(t)) (MeSH paper §3.1-3.2).
         Returns (h(t+1), buffer); the buffer is None except for MeSH."""
         mode = self.cfg.state_mode
         if mode == "base":          # h(t+1) = f_core(h(t))
@@ -655,7 +663,7 @@ class GPT(nn.Module):
         buffer, h_next = self.mesh.write_read(t + 1, buffer, h, h_m)    # MeSH: routers see the step's input h(t)
         return h_next, buffer
 
-    # ---- time: T²MLR (t2mlr.md §3-4) -------------------------------------------
+    # ---- time: T²MLR (Jacobi training, exact recurrence) -----------------------
 
     def split_stack(self):
         """(lower, middle, upper) layer lists: layers below l_start, l_start..l_end, above l_end."""
@@ -664,7 +672,12 @@ class GPT(nn.Module):
         return layers[:start], layers[start:end + 1], layers[end + 1:]
 
     def jacobi_forward(self, h_emb, control=None, probes=None):
-        """Parallel T²MLR training pass (t2mlr.md §3, lean form). h_emb (B, T, C) -> top output (B, T, C).
+        """Parallel T²MLR training (Jacobi sweeps, as the reference trains). h_emb (B, T, C) -> top output (B, T, C).
+
+        A lean form of the reference's pass, with the same values and gradients from the same start: the
+        lower layers run once and their output x is reused by every sweep and by the final pass. There is no
+        extra plain pass through the whole model (the reference runs one first, unmixed, for its warm start)
+        and no recomputation of the lower layers in the final pass (the reference reruns the whole model).
 
         x = lower(h_emb) once; jacobi_state runs the D-1 Jacobi sweeps from C^(0) to C^(D-1) (the last b
         with gradient); a final pass of middle + upper uses it. C^(0) = 0 (or the reference's plain start,
@@ -686,15 +699,16 @@ class GPT(nn.Module):
         return self.run_layers(h, upper, 0, probes=probes, name="upper")
 
     def jacobi_sweep(self, x, state, pre, recurrent):
-        """One Jacobi sweep (t2mlr.md §3 step 3): C -> shift(update_state(middle(gate(x, C)), C)), all positions
-        in parallel. x, state: (B, T, C); pre = gate.precompute(x); recurrent: recurrent_mask(control)."""
+        """One Jacobi sweep (a partial iteration in the reference): C -> shift(update_state(middle(gate(x, C)), C)),
+        all positions in parallel. x, state: (B, T, C); pre = gate.precompute(x);
+        recurrent: recurrent_mask(control)."""
         _, middle, _ = self.split_stack()
         h = self.run_layers(mix_state(self.gate, x, state, pre, recurrent), middle, 0)
         return shift_right(write_state(h, state, self.cfg, recurrent))
 
     def jacobi_start(self, x, pre, recurrent):
         """C^(0): zeros (jacobi_init "zero", R_{-1} = 0 everywhere), or the reference's warm start ("plain",
-        t2mlr.md §3 steps 1-2): C^(0) = shift(h^(0)), h^(0) the middle block's output on x without mixing
+        from its unmixed first pass): C^(0) = shift(h^(0)), h^(0) the middle block's output on x without mixing
         (one middle pass more). Both are exact at position 0 only. x: (B, T, C) -> (B, T, C)."""
         if self.cfg.jacobi_init == "zero":
             return torch.zeros_like(x)
@@ -709,7 +723,8 @@ class GPT(nn.Module):
         tol > 0 (jacobi_tol) stops the sweeps without gradient early, once a sweep changed the state by at
         most tol relative to its RMS: max|C_new - C_old| <= tol · RMS(C_new); the gradient sweeps always
         run. tol = 0 runs every sweep (bit-identical to no check). The middle-block passes actually run,
-        this call's sweeps plus the final pass, are left in self.jacobi_passes (D with no early stop).
+        this call's sweeps plus the final pass (and the plain start's pass), are left in self.jacobi_passes:
+        D with no early stop (D + 1 with the plain start).
         Sweep checkpointing (jacobi_checkpoint): the gradient sweeps keep only their inputs and recompute
         their activations in backward (torch.utils.checkpoint), trading one middle pass per sweep for memory."""
         grad = torch.is_grad_enabled()
@@ -734,7 +749,7 @@ class GPT(nn.Module):
         return state
 
     def exact_forward(self, h_emb, control=None, cache=None, probes=None):
-        """Exact T²MLR recurrence (t2mlr.md §4). h_emb (B, T, C) -> top output (B, T, C).
+        """Exact T²MLR recurrence (as the reference evaluates). h_emb (B, T, C) -> top output (B, T, C).
 
         Lower layers run in parallel over all T positions, the middle block token by token with its
         own KV cache and the recurrent state R (R_{-1} = 0), the upper layers in parallel again. With
@@ -933,7 +948,7 @@ class GPT(nn.Module):
 
     def param_counts(self) -> dict:
         """Parameter counts (each shared tensor once): total; embedding (token embedding and output head);
-        non_embedding = the transformer layers and final norm (the papers' count, mesh.md §1);
+        non_embedding = the transformer layers and final norm (the papers' count, as in the MeSH paper's Table 5);
         router (MeSH) and gate (T²MLR) separately."""
         counts = {"total": 0, "embedding": 0, "non_embedding": 0, "router": 0, "gate": 0}
         for name, p in self.named_parameters():
@@ -948,14 +963,19 @@ class GPT(nn.Module):
         """Per unique layer, (forward passes, backward passes) in one training step, for FLOP counting.
 
         Plain and recursive: each application once forward and once backward (a core layer K times).
-        T²MLR Jacobi (§3, lean): lower 1/1; middle D forward (D-1 sweeps + final), min(b, D-1)+1 backward; upper 1/1.
+        T²MLR Jacobi (the lean form, see jacobi_forward): lower 1/1; middle D forward (D-1 sweeps + final),
+        min(b, D-1)+1 backward; upper 1/1. jacobi_init "plain" adds one middle forward (and its backward when
+        every sweep has gradient), jacobi_checkpoint the recomputed forwards of the gradient sweeps;
+        jacobi_tol can only lower the count, so the count is its maximum.
         """
         p, c, k, q = self.cfg.depth
         passes = [(1, 1)] * p + [(k, k)] * c + [(1, 1)] * q
         if self.gate is not None:
-            start, end = self.cfg.recurrent_layers
-            D, b = self.cfg.jacobi_iters, self.cfg.jacobi_grad_iters
-            middle = (D, min(b, D - 1) + 1)
+            cfg = self.cfg
+            start, end = cfg.recurrent_layers
+            D, b = cfg.jacobi_iters, cfg.jacobi_grad_iters
+            grad_sweeps, plain = min(b, D - 1), cfg.jacobi_init == "plain"
+            middle = (D + plain + grad_sweeps * cfg.jacobi_checkpoint, grad_sweeps + 1 + (plain and b >= D))
             passes = [middle if start <= i <= end else (1, 1) for i in range(len(passes))]
         return passes
 
@@ -1045,7 +1065,7 @@ def config_from_hf(hf: dict, **overrides) -> GPTConfig:
                      "attention_bias": (hf.get("attention_bias", True), True)}
         cfg = dict(flavour="neox", n_kv_head=n_head, norm_eps=hf.get("layer_norm_eps", 1e-5), bias=True,
                    rope_theta=rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0)),
-                   rope_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 1.0)))
+                   rope_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)))   # GPT-NeoX's default
     elif arch == "LlamaForCausalLM":            # SmolLM2: sequential residual, RMSNorm, SwiGLU, GQA, no biases
         expected |= {"hidden_act": (hf.get("hidden_act"), "silu"),
                      "attention_bias": (hf.get("attention_bias", False), False),

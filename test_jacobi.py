@@ -241,3 +241,16 @@ def test_plain_start_is_the_shifted_unmixed_middle_pass():
         start = model.jacobi_start(x, model.gate.precompute(x), None)
         want = shift_right(model.run_layers(x, middle, 0))
     assert torch.equal(start, want) and start[:, 0].abs().max() == 0
+
+
+def test_flop_count_follows_the_options():
+    """layer_passes: the plain start adds a middle forward, checkpointing b recomputed forwards."""
+    def middle(**kw):
+        with torch.device("meta"):
+            model = GPT(GPTConfig(**(TINY_LLAMA | dict(jacobi_iters=16, jacobi_grad_iters=4) | kw)))
+        return model.layer_passes()[2]                              # layer 2: inside l_start..l_end = 1..3
+    assert middle() == (16, 5)
+    assert middle(jacobi_init="plain") == (17, 5)
+    assert middle(jacobi_checkpoint=True) == (20, 5)
+    assert middle(jacobi_tol=0.1) == (16, 5)                          # an early stop only lowers it
+    assert middle(jacobi_iters=3, jacobi_grad_iters=3, jacobi_init="plain") == (4, 4)

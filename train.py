@@ -8,8 +8,8 @@ Two nodes:         torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master
                        train.py config/mesh_160m.py        (and --node_rank=1 on the second node)
 Resume:            python train.py config/mesh_160m.py --init_from=resume
 Retrofit T²MLR:    python train.py config/tiny_t2mlr.py --init_from=out/tiny_llama/ckpt.pt
-From SmolLM2:      python train.py config/smollm2_135m_retrofit.py   (--init_from=hf:HuggingFaceTB/SmolLM2-135M)
                    (the weights of a trained vanilla model; the new gate starts as an exact identity)
+From SmolLM2:      python train.py config/smollm2_135m_retrofit.py   (--init_from=hf:HuggingFaceTB/SmolLM2-135M)
 Every key:         python train.py --help
 
 Writes out_dir/ckpt.pt (the latest state, written atomically at every evaluation) and appends one JSON
@@ -524,7 +524,7 @@ def main(argv):
         del ckpt                                      # free the host copy of the weights
     elif cfg.init_from.endswith(".pt"):               # new run, weights from another (e.g. a T²MLR retrofit)
         init_weights_from(raw_model, cfg.init_from)
-    elif hf_weights:                                  # new run from a released model (the paper's §3.4 retrofit)
+    elif hf_weights:                                  # new run from a released model (the T²MLR paper's §3.4 retrofit)
         try:
             raw_model.load_hf_weights(hf_weights)
         except ValueError as e:
@@ -627,7 +627,8 @@ def main(argv):
             eta = (time.time() - t_start) / (step + 1 - start_step) * (cfg.max_iters - step - 1)
             row = {"step": step, "loss": train_loss.item(), "lr": lr, "grad_norm": grad_norm.item(), "ms": 1000 * dt,
                    "tok_s": tok_s, "flops": flops, "mfu": flops / peak if peak else None}
-            if model_cfg.t2mlr:                       # mean Jacobi passes per micro-step (D unless jacobi_tol stopped early)
+            if model_cfg.t2mlr:                       # mean middle-block passes per micro-step (D, +1 with the
+                                                      # plain start, fewer where jacobi_tol stopped early)
                 row["jacobi_passes"] = passes / grad_accum
             log(row, f"step {step}: loss {row['loss']:.4f}, lr {lr:.3g}, grad norm {row['grad_norm']:.3f}, "
                      f"{row['ms']:.0f} ms, {tok_s:,.0f} tok/s, " +
@@ -640,7 +641,7 @@ def main(argv):
         dist.destroy_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)       # gloo can abort at interpreter teardown after a clean run (style.md D.5)
+        os._exit(0)       # after a clean run gloo sometimes aborts at interpreter teardown; exiting now avoids it
 
 
 if __name__ == "__main__":
