@@ -748,7 +748,7 @@ def assemble(pr, summaries):
                                 "not in the paper", c("mesh_as_base", "mesh"), 0,
                                 note="the router-initialisation lead; no paper claim"))
         diag = lambda key: (lambda s: s["diagnostics"][key])
-        paper4 = "paper §4, figures (qualitative)"
+        paper4 = "MeSH paper §4.1, Fig. 1 (qualitative)"
         claims += [
             claim(f"diag-{layout_name}-1a", f"{tag}: later loops do more under MeSH than base: relative update of the "
                   "last loop (paper's form, divides by state norms)", paper4, c("mesh", "base", diag("skew_last")), +1,
