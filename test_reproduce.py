@@ -296,3 +296,12 @@ def test_quick_mode_end_to_end_slow(pydoc, tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done earlier, skipped") == len(grid)
     assert json.loads((results / "reproduce.json").read_text())["tables"] == report["tables"]
+    # `reproduce.py starts`: the zero start's Jacobi gaps equal the run's own gap table (same windows)
+    ckpt = tmp_path / "out" / "t2mlr_t2mlr_s1" / "ckpt.pt"
+    rows = reproduce.main(["starts", str(ckpt), "--data_dir", pydoc, "--windows", str(reproduce.QUICK.gap_windows),
+                           "--out", str(tmp_path / "starts.json")])
+    gap = report["runs"]["t2mlr_t2mlr_s1"]["jacobi_gap"]
+    assert rows[0]["exact"] == pytest.approx(gap["exact"], abs=1e-5)
+    assert rows[0]["zero"] == pytest.approx([j - gap["exact"] for j in gap["jacobi"]], abs=2e-5)
+    assert len(rows[0]["plain"]) == 5 and rows[0]["plain"] != rows[0]["zero"]
+    assert json.loads((tmp_path / "starts.json").read_text())["runs"][0]["depths"] == [1, 2, 4, 8, 16]
