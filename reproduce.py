@@ -903,9 +903,9 @@ def plot_curves(series, path, title, ylabel):
         lo, hi = min(finals), max(finals)
         for ax in axes:
             ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.3 * (hi - lo + 1e-9))
-    axes[0].legend(fontsize=7)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=1, fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05 + 0.035 * len(series), 1, 1))       # room below the panels for the legend
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -1082,7 +1082,8 @@ def plot_main(argv):
     keys = sorted({k for mc, tc in configs for k in (mc | tc) if k not in SYSTEM and
                    len({json.dumps((c[0] | c[1]).get(k)) for c in configs}) > 1} - {"max_iters", "lr_decay_iters"})
     for s, (mc, tc) in zip(series, configs):
-        extra = ", ".join(f"{k}={(mc | tc).get(k)}" for k in keys[:4])
+        used = [k for k in keys if not (k == "n_layer" and mc.get("layout"))]    # a layout overrides n_layer
+        extra = ", ".join(f"{k}={(mc | tc).get(k)}" for k in used[:4])
         s["label"] += f" [{extra}]" if extra else ""
     unit = "nats/token" if args.nats else "bits/token"
     path = plot_curves(series, args.out, "val loss of " + ", ".join(args.out_dirs), f"val loss ({unit})")
