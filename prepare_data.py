@@ -160,7 +160,9 @@ def hf_tokenizer(name):
         if path is not None and path.is_file():
             files[file] = path
     if "tokenizer.json" not in files:
-        raise DataError(f"no tokenizer.json in {source!r} (a Hugging Face folder or hub id; offline, give a local folder)")
+        where = "the folder" if Path(source).is_dir() else "no local folder of that name, and the hub did not provide it"
+        raise DataError(f"no tokenizer.json for {source!r} ({where}): give a folder holding tokenizer.json, or a hub id "
+                        f"(online)")
     tokenizer = Tokenizer.from_file(str(files["tokenizer.json"]))
     eos = None
     if "tokenizer_config.json" in files:

@@ -273,7 +273,7 @@ def test_hf_tokenizer_in_prepare_data_and_sample(tmp_path):
     ours = prepare_data.get_tokenizer(f"hf:{folder}")
     assert ours.encode(TEXTS[0]) == tok.encode(TEXTS[0], add_special_tokens=False).ids
     assert ours.decode(ours.encode(TEXTS[2])) == TEXTS[2]
-    with pytest.raises(prepare_data.DataError, match=r"^no tokenizer.json in"):
+    with pytest.raises(prepare_data.DataError, match=r"^no tokenizer.json for '.*' \(the folder\)"):
         prepare_data.get_tokenizer(f"hf:{tmp_path}")
 
 
@@ -329,3 +329,5 @@ def test_hf_init_refuses_data_of_another_tokenizer(tmp_path):
         train.main([f"--init_from=hf:{folder}", f"--data_dir={tmp_path / 'data' / 'b'}", "--vocab_size=320",
                     f"--out_dir={tmp_path / 'run'}", "--block_size=16"])
     assert not (tmp_path / "run").exists()
+    with pytest.raises(train.RunError, match=rf"prepare_data.py --input <your files> --name none --tokenizer hf:{folder}"):
+        train.main([f"--init_from=hf:{folder}", f"--data_dir={tmp_path / 'data' / 'none'}", f"--out_dir={tmp_path / 'run'}"])

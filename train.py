@@ -151,15 +151,18 @@ def autocast_context(device_type, dtype):
 # -----------------------------------------------------------------------------
 # Data: flat token files from prepare_data.py, read through np.memmap
 
-def prepare_command(data_dir):
-    """The prepare_data.py command that writes data_dir (= OUT_DIR/NAME)."""
+def prepare_command(data_dir, tokenizer=None):
+    """The prepare_data.py command that writes data_dir (= OUT_DIR/NAME), with `tokenizer` (e.g. a released
+    model's 'hf:...') when the run needs one other than the default."""
     parent, name = os.path.split(os.path.normpath(data_dir))
     source = {"pydoc": "--source pydoc --tokenizer byte", "fineweb_edu": "--source fineweb-edu"}.get(
         name, f"--input <your files> --name {name}")
+    if tokenizer:
+        source = source.replace(" --tokenizer byte", "") + f" --tokenizer {tokenizer}"
     return f"python prepare_data.py {source}" + (f" --out_dir {parent or '.'}" if parent != "data" else "")
 
 
-def load_meta(data_dir, block_size):
+def load_meta(data_dir, block_size, tokenizer=None):
     """Read data_dir/meta.json and check both splits against it.
     Raises RunError when the folder or meta.json is missing (naming the prepare command), when a .bin
     file's size disagrees with meta.json (incomplete data), when the vocabulary does not fit the token
@@ -168,7 +171,7 @@ def load_meta(data_dir, block_size):
     if not os.path.isfile(path):        # prepare_data.py deletes it first and writes it last
         interrupted = os.path.isdir(data_dir) and any(f.endswith(".tmp") for f in os.listdir(data_dir))
         raise RunError(f"no {path}" + (" (an interrupted prepare_data.py run left *.tmp files)" if interrupted else "")
-                       + f": prepare the data first with `{prepare_command(data_dir)}`")
+                       + f": prepare the data first with `{prepare_command(data_dir, tokenizer)}`")
     with open(path) as f:
         meta = json.load(f)
     itemsize = np.dtype(meta["dtype"]).itemsize
@@ -479,7 +482,7 @@ def main(argv):
 
     # ---- data ----------------------------------------------------------------------------------------
     data_dir = cfg.data_dir or os.path.join("data", cfg.dataset)
-    meta = load_meta(data_dir, T)
+    meta = load_meta(data_dir, T, cfg.init_from if hf_weights else None)
     if meta["vocab_size"] > model_cfg.vocab_size:
         raise RunError(f"the data's vocab_size {meta['vocab_size']} (meta.json) exceeds the model's vocab_size "
                        f"{model_cfg.vocab_size}; set vocab_size >= {meta['vocab_size']}")
