@@ -1086,7 +1086,8 @@ def config_from_hf(hf: dict, **overrides) -> GPTConfig:
 
 
 # Per-layer tensor names: Hugging Face's (after "gpt_neox.layers.{i}." / "model.layers.{i}.") -> ours
-# (after "layers.{i}."). A list fuses several tensors into one by concatenating rows, in that order.
+# (after "layers.{i}."). Several names mapped to one of ours (q/k/v -> attn.qkv, gate/up -> mlp.up) are fused
+# by concatenating their rows in the order they appear here.
 HF_LAYER_NAMES = {
     "neox": {"input_layernorm": "ln1", "post_attention_layernorm": "ln2", "attention.dense": "attn.proj",
              "attention.query_key_value": "attn.qkv", "mlp.dense_h_to_4h": "mlp.up", "mlp.dense_4h_to_h": "mlp.down"},
@@ -1120,7 +1121,8 @@ def state_from_hf(tensors: dict, cfg: GPTConfig) -> dict:
         stem, kind = name.rsplit(".", 1)                     # kind: "weight" or "bias"
         if stem.startswith(prefix):                          # "model.layers.3.self_attn.k_proj"
             i, hf_name = stem[len(prefix):].split(".", 1)
-            ours, order = layer_names.get(hf_name), list(layer_names).index(hf_name) if hf_name in layer_names else 0
+            ours = layer_names.get(hf_name)
+            order = list(layer_names).index(hf_name) if ours else 0     # the row order of a fused tensor
             key = f"layers.{i}.{ours}.{kind}"
         else:
             ours, order = HF_TOP_NAMES[cfg.flavour].get(stem), 0

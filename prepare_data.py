@@ -145,20 +145,20 @@ def hf_tokenizer(name):
         from tokenizers import Tokenizer
     except ImportError:
         raise DataError(f"the tokenizer {name!r} needs the tokenizers library: pip install tokenizers") from None
-    files = {}
-    for file in ("tokenizer.json", "tokenizer_config.json", "config.json"):
-        path = Path(source) / file
-        if not Path(source).is_dir():
-            try:
-                from huggingface_hub import hf_hub_download
-                path = Path(hf_hub_download(source, file))
-            except ImportError:
-                raise DataError(f"{source!r} is not a local folder, and fetching it from the hub needs "
-                                f"huggingface_hub: pip install huggingface_hub") from None
-            except Exception:                       # offline, unknown repo, or a file the repo does not have
-                path = None
-        if path is not None and path.is_file():
-            files[file] = path
+    folder = Path(source)
+    if not folder.is_dir():                         # a hub id: fetch the three small files in one call
+        try:
+            from huggingface_hub import snapshot_download
+        except ImportError:
+            raise DataError(f"{source!r} is not a local folder, and fetching it from the hub needs "
+                            f"huggingface_hub: pip install huggingface_hub") from None
+        try:
+            folder = Path(snapshot_download(source, allow_patterns=["tokenizer.json", "tokenizer_config.json",
+                                                                    "config.json"]))
+        except Exception:                           # offline, unknown repo: reported below as no tokenizer.json
+            pass
+    files = {file: folder / file for file in ("tokenizer.json", "tokenizer_config.json", "config.json")
+             if (folder / file).is_file()}
     if "tokenizer.json" not in files:
         where = "the folder" if Path(source).is_dir() else "no local folder of that name, and the hub did not provide it"
         raise DataError(f"no tokenizer.json for {source!r} ({where}): give a folder holding tokenizer.json, or a hub id "
