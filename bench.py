@@ -29,7 +29,7 @@ Measurements, each the median of --repeats rounds after --warmup rounds:
 - decode: ms per token with the KV cache, 64 new tokens (greedy) after a 64-token prompt, batch 1;
 - prefill: T²MLR's exact (token by token) prefill of 4 x 64 tokens into a cache, against the plain model's;
 - T²MLR options, against the fixed-D Jacobi model with the same weights: a Jacobi step with jacobi_tol (the
-  middle-block passes it used and its time), sweep checkpointing (jacobi_checkpoint: memory and time), and
+  middle-layer passes it used and its time), sweep checkpointing (jacobi_checkpoint: memory and time), and
   the parallel Jacobi prefill (mode "converged", --prefill_tol) against exact prefill at prompts of 64, 256
   and 1024 tokens (batch 1: the latency-bound case), with the passes used and the largest logit difference;
 - tokenizer: prepare_data.prepare (in-process, GPT-2 BPE, writing the .bin files) against a bare tiktoken
@@ -54,12 +54,14 @@ from model import GPT, GPTConfig
 
 # Model shapes per size. "neox" holds the MeSH family's shared fields, "llama" the T²MLR family's.
 SIZES = {
-    "tiny": dict(batch=4, seq=256, prompt=64, new_tokens=64, prefill_batch=4, matmul=2048, prefill_lengths=(64, 256, 1024),
+    "tiny": dict(batch=4, seq=256, prompt=64, new_tokens=64, prefill_batch=4, matmul=2048,
+                 prefill_lengths=(64, 256, 1024),
                  neox=dict(flavour="neox", vocab_size=320, n_embd=128, n_head=4),
                  vanilla=dict(n_layer=8), recursive=dict(layout="2+2R2+2"),
                  llama=dict(flavour="llama", vocab_size=512, n_embd=128, n_head=4, n_layer=8, mlp_hidden=512),
                  t2mlr=dict(l_start=2, l_end=5)),
-    "160m": dict(batch=8, seq=1024, prompt=64, new_tokens=64, prefill_batch=4, matmul=8192, prefill_lengths=(64, 256, 1024),
+    "160m": dict(batch=8, seq=1024, prompt=64, new_tokens=64, prefill_batch=4, matmul=8192,
+                 prefill_lengths=(64, 256, 1024),
                  neox=dict(flavour="neox", vocab_size=50304, n_embd=768, n_head=12),
                  vanilla=dict(n_layer=12), recursive=dict(layout="2+4R2+2"),
                  llama=dict(flavour="llama", vocab_size=50304, n_embd=576, n_head=9, n_kv_head=3, n_layer=30,
@@ -68,8 +70,10 @@ SIZES = {
 }
 BASELINE = {"vanilla": "vanilla", "base": "vanilla", "mesh": "vanilla", "plain": "plain", "t2mlr": "plain",
             "t2mlr_tol": "plain", "t2mlr_ckpt": "plain"}
-REFERENCE = {"t2mlr_jacobi": 5.27, "t2mlr_decode": 1.17, "t2mlr_prefill": 14.0}   # the reference code, timed on CPU
-TARGETS = [   # (key in the results, description, bound, "<=" or ">="): the CPU targets of the issue
+# the reference code (github.com/princeton-pli/T2MLR), timed by us on CPU in this tiny setting with a harness
+# around its own code (not in this repository): its ratios to a plain model of the same weights
+REFERENCE = {"t2mlr_jacobi": 5.27, "t2mlr_decode": 1.17, "t2mlr_prefill": 14.0}
+TARGETS = [   # (key in the results, description, bound, "<=" or ">="): our CPU speed goals
     ("t2mlr_jacobi", "T²MLR Jacobi fwd+bwd / plain", 4.8, "<="),
     ("t2mlr_decode", "T²MLR decode / plain, per token", 1.05, "<="),
     ("t2mlr_prefill", "T²MLR exact prefill / plain prefill", 5.0, "<="),
@@ -79,15 +83,15 @@ TARGETS = [   # (key in the results, description, bound, "<=" or ">="): the CPU 
 
 
 def build_models(size, seq, device, jacobi_tol=1e-3, prefill_lengths=None):
-    """{variant: GPT} for one size, every model initialised from seed 0; block_size = the longest sequence used.
-    t2mlr_tol and t2mlr_ckpt are t2mlr (same weights) with jacobi_tol and with jacobi_checkpoint."""
+    """{variant: GPT} for one size, every model initialised from seed 0; block_size = the longest sequence
+    used. t2mlr_tol and t2mlr_ckpt are t2mlr (same weights) with jacobi_tol and with jacobi_checkpoint."""
     s = SIZES[size]
     block = max(seq, s["prompt"] + s["new_tokens"], *(prefill_lengths or s["prefill_lengths"]))
     configs = {"vanilla": dict(**s["neox"], **s["vanilla"]),
                "base": dict(**s["neox"], **s["recursive"], state_mode="base"),
                "mesh": dict(**s["neox"], **s["recursive"], state_mode="mesh"),
                "plain": dict(s["llama"]),
-               "t2mlr": dict(**s["llama"], **s["t2mlr"], t2mlr=True, jacobi_iters=16, jacobi_grad_iters=4)}
+               "t2mlr": dict(**s["llama"], **s["t2mlr"], t2mlr=True, jacobi_sweeps=16, jacobi_grad_sweeps=4)}
     configs["t2mlr_tol"] = dict(configs["t2mlr"], jacobi_tol=jacobi_tol)
     configs["t2mlr_ckpt"] = dict(configs["t2mlr"], jacobi_checkpoint=True)
     models = {}
@@ -145,7 +149,8 @@ def train_step_fn(model, optimizer, x, y, device, autocast):
 
 
 def decode_fn(model, prompt, new_tokens, device, autocast):
-    """Greedy decoding with the KV cache: prefill `prompt` (B, P) untimed, then time new_tokens single-token steps."""
+    """Greedy decoding with the KV cache: prefill `prompt` (B, P) untimed, then time new_tokens single-token
+    steps."""
     @torch.no_grad()
     def decode():
         cache = model.new_cache()
@@ -277,7 +282,8 @@ def tokenizer_fns():
         print(f"tokenizer benchmark skipped: {e}", file=sys.stderr)
         return None, 0
     docs = list(prepare_data.read_pydoc())
-    n_tokens = sum(map(len, tok.encode_batch(docs))) + len(docs)      # + one EOT per document, as prepare writes
+    # + one EOT per document, as prepare writes
+    n_tokens = sum(map(len, tok.encode_batch(docs))) + len(docs)
     out = tempfile.mkdtemp(prefix="bench_prepare_")
 
     def prepare():
@@ -295,8 +301,19 @@ def tokenizer_fns():
 # -----------------------------------------------------------------------------
 # The run
 
-def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, tokenizer=True, jacobi_tol=1e-3,
-        prefill_tol=1e-4, prefill_lengths=None):
+
+def run(
+    size="tiny",
+    device="auto",
+    repeats=7,
+    warmup=2,
+    batch=None,
+    seq=None,
+    tokenizer=True,
+    jacobi_tol=1e-3,
+    prefill_tol=1e-4,
+    prefill_lengths=None,
+):
     """Every measurement of the module docstring. Returns the bench.json dict."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     cuda = device.startswith("cuda")
@@ -310,17 +327,30 @@ def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, t
     gen = torch.Generator().manual_seed(0)
     vocab = min(m.cfg.vocab_size for m in models.values())
     x, y = (torch.randint(vocab, (B, T), generator=gen).to(device) for _ in range(2))
-    result = {"size": size, "device": torch.cuda.get_device_name(device) if cuda else f"cpu ({torch.get_num_threads()} threads)",
-              "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__, "batch": B, "seq_len": T,
-              "repeats": repeats, "warmup": warmup, "jacobi_tol": jacobi_tol, "prefill_tol": prefill_tol, "variants": {}}
+    result = {
+        "size": size,
+        "device": torch.cuda.get_device_name(device) if cuda else f"cpu ({torch.get_num_threads()} threads)",
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "batch": B,
+        "seq_len": T,
+        "repeats": repeats,
+        "warmup": warmup,
+        "jacobi_tol": jacobi_tol,
+        "prefill_tol": prefill_tol,
+        "variants": {},
+    }
 
     # training steps and the matmul peak, one round robin
-    optimizers = {n: m.configure_optimizers(0.1, 1e-5, (0.9, 0.95), "cuda" if cuda else "cpu") for n, m in models.items()}
+    optimizers = {
+        n: m.configure_optimizers(0.1, 1e-5, (0.9, 0.95), "cuda" if cuda else "cpu")
+        for n, m in models.items()
+    }
     for m in models.values():
         m.train()
     fns = {n: train_step_fn(m, optimizers[n], x, y, device, autocast) for n, m in models.items()}
     fns["matmul"] = matmul_fn(s["matmul"], device, dtype)
-    passes = []                                  # middle-block passes of every t2mlr_tol forward
+    passes = []                                  # middle-layer passes of every t2mlr_tol forward
     step_tol = fns["t2mlr_tol"]
 
     def step_tol_counted():
@@ -351,11 +381,19 @@ def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, t
     for n, v in result["variants"].items():
         v["memory_ratio"] = v["memory_mb"] / result["variants"][v["baseline"]]["memory_mb"]
     result["jacobi_options"] = {
-        "tol": {"jacobi_tol": jacobi_tol, "passes_mean": statistics.mean(passes[warmup:]), "passes_fixed": 16,
-                "fwd_bwd_vs_fixed": ratio(t["t2mlr_tol"]["fwd_bwd"], t["t2mlr"]["fwd_bwd"])},
-        "checkpoint": {"memory_vs_plain": result["variants"]["t2mlr_ckpt"]["memory_ratio"],
-                       "memory_vs_fixed": result["variants"]["t2mlr_ckpt"]["memory_mb"] / result["variants"]["t2mlr"]["memory_mb"],
-                       "fwd_bwd_vs_fixed": ratio(t["t2mlr_ckpt"]["fwd_bwd"], t["t2mlr"]["fwd_bwd"])}}
+        "tol": {
+            "jacobi_tol": jacobi_tol,
+            "passes_mean": statistics.mean(passes[warmup:]),
+            "passes_fixed": 16,
+            "fwd_bwd_vs_fixed": ratio(t["t2mlr_tol"]["fwd_bwd"], t["t2mlr"]["fwd_bwd"]),
+        },
+        "checkpoint": {
+            "memory_vs_plain": result["variants"]["t2mlr_ckpt"]["memory_ratio"],
+            "memory_vs_fixed": result["variants"]["t2mlr_ckpt"]["memory_mb"]
+            / result["variants"]["t2mlr"]["memory_mb"],
+            "fwd_bwd_vs_fixed": ratio(t["t2mlr_ckpt"]["fwd_bwd"], t["t2mlr"]["fwd_bwd"]),
+        },
+    }
     result["mesh_vs_base"] = ratio(t["mesh"]["fwd_bwd"], t["base"]["fwd_bwd"])
     result["mesh_vs_base_step"] = ratio(t["mesh"]["step"], t["base"]["step"])
 
@@ -363,17 +401,26 @@ def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, t
     for m in models.values():
         m.eval()
     prompt = torch.randint(vocab, (1, s["prompt"]), generator=gen).to(device)
-    t = interleaved({n: decode_fn(m, prompt, s["new_tokens"], device, autocast) for n, m in models.items()}, repeats, warmup)
+    t = interleaved(
+        {n: decode_fn(m, prompt, s["new_tokens"], device, autocast) for n, m in models.items()},
+        repeats,
+        warmup,
+    )
     for n, v in result["variants"].items():
         v["decode_ms_per_token"] = 1e3 * statistics.median(t[n]["per_token"])
         v["decode_ratio"] = ratio(t[n]["per_token"], t[v["baseline"]]["per_token"])
 
     # prefill: T²MLR exact (token by token) against the plain model
     idx = torch.randint(vocab, (s["prefill_batch"], s["prompt"]), generator=gen).to(device)
-    t = interleaved({n: prefill_fn(models[n], idx, device, autocast) for n in ("plain", "t2mlr")}, repeats, warmup)
-    result["prefill"] = {"tokens": list(idx.shape), "plain_ms": 1e3 * statistics.median(t["plain"]["prefill"]),
-                         "t2mlr_exact_ms": 1e3 * statistics.median(t["t2mlr"]["prefill"]),
-                         "ratio": ratio(t["t2mlr"]["prefill"], t["plain"]["prefill"])}
+    t = interleaved(
+        {n: prefill_fn(models[n], idx, device, autocast) for n in ("plain", "t2mlr")}, repeats, warmup
+    )
+    result["prefill"] = {
+        "tokens": list(idx.shape),
+        "plain_ms": 1e3 * statistics.median(t["plain"]["prefill"]),
+        "t2mlr_exact_ms": 1e3 * statistics.median(t["t2mlr"]["prefill"]),
+        "ratio": ratio(t["t2mlr"]["prefill"], t["plain"]["prefill"]),
+    }
 
     # the parallel Jacobi prefill against exact prefill, batch 1, at several prompt lengths
     result["jacobi_prefill"] = []
@@ -384,8 +431,11 @@ def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, t
             exact = t2(idx, mode="exact")[0].float()
             diff = (t2(idx, mode="converged", tol=prefill_tol)[0].float() - exact).abs().max().item()
         used = t2.jacobi_passes
-        t = interleaved({m: prefill_fn(t2, idx, device, autocast, m, prefill_tol) for m in ("exact", "converged")},
-                        repeats, warmup)
+        t = interleaved(
+            {m: prefill_fn(t2, idx, device, autocast, m, prefill_tol) for m in ("exact", "converged")},
+            repeats,
+            warmup,
+        )
         result["jacobi_prefill"].append({"tokens": n_tokens, "passes": used, "max_logit_diff": diff,
                                          "exact_ms": 1e3 * statistics.median(t["exact"]["prefill"]),
                                          "converged_ms": 1e3 * statistics.median(t["converged"]["prefill"]),
@@ -395,8 +445,11 @@ def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, t
     fns, n_tokens = tokenizer_fns() if tokenizer else (None, 0)
     if fns:
         t = interleaved(fns, repeats, 1)
-        result["tokenizer"] = {"tokens": n_tokens, **{f"{n}_tok_s": n_tokens / statistics.median(t[n]["tokenize"]) for n in fns},
-                               "ratio": ratio(t["tiktoken"]["tokenize"], t["prepare_data"]["tokenize"])}
+        result["tokenizer"] = {
+            "tokens": n_tokens,
+            **{f"{n}_tok_s": n_tokens / statistics.median(t[n]["tokenize"]) for n in fns},
+            "ratio": ratio(t["tiktoken"]["tokenize"], t["prepare_data"]["tokenize"]),
+        }
 
     # other processes on the same cores make every op wait (OpenMP threads get descheduled): say so
     result["load_average"] = [load_before, os.getloadavg()[0]]
@@ -414,67 +467,136 @@ def run(size="tiny", device="auto", repeats=7, warmup=2, batch=None, seq=None, t
 
 def markdown(r):
     """The results as markdown tables."""
-    lines = [f"Device {r['device']}, {r['dtype']}, torch {r['torch']}; train batch {r['batch']} x {r['seq_len']} tokens; "
-             f"median of {r['repeats']} interleaved rounds after {r['warmup']} warm-up; matmul peak "
-             f"{r['matmul_peak_flops'] / 1e9:.1f} GFLOP/s.", ""]
-    if r["device"].startswith("cpu") and max(r["load_average"]) > r["cpu_count"] + 1:   # + 1: this process itself
-        lines += [f"**Warning:** load average {r['load_average'][0]:.1f} / {r['load_average'][1]:.1f} (start / end) on "
-                  f"{r['cpu_count']} cores: other processes share the CPU, the timings are unreliable.", ""]
-    lines += ["| variant | params | FLOPs/token (× base) | fwd+bwd ms (× base) | +AdamW ms (× base) | MFU fwd+bwd | "
-              "memory MB (× base) | decode ms/token (× base) |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Device {r['device']}, {r['dtype']}, torch {r['torch']}; train batch {r['batch']} x {r['seq_len']} "
+        "tokens; "
+        f"median of {r['repeats']} interleaved rounds after {r['warmup']} warm-up; matmul peak "
+        f"{r['matmul_peak_flops'] / 1e9:.1f} GFLOP/s.",
+        "",
+    ]
+    # + 1: this process itself
+    if r["device"].startswith("cpu") and max(r["load_average"]) > r["cpu_count"] + 1:
+        lines += [
+            f"**Warning:** load average {r['load_average'][0]:.1f} / {r['load_average'][1]:.1f} (start / "
+            "end) on "
+            f"{r['cpu_count']} cores: other processes share the CPU, the timings are unreliable.",
+            "",
+        ]
+    lines += [
+        "| variant | params | FLOPs/token (× base) | fwd+bwd ms (× base) | +AdamW ms (× base) | MFU fwd+bwd "
+        "| "
+        "memory MB (× base) | decode ms/token (× base) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for n, v in r["variants"].items():
         base = "" if n == v["baseline"] else f" vs {v['baseline']}"
-        lines.append(f"| {n}{base} | {v['params'] / 1e6:.2f}M | {v['train_flops_per_token'] / 1e6:.1f}M ({v['flop_ratio']:.2f}×) | "
-                     f"{v['fwd_bwd_ms']:.1f} ({v['fwd_bwd_ratio']:.2f}×) | {v['step_ms']:.1f} ({v['step_ratio']:.2f}×) | "
-                     f"{100 * v['mfu_fwd_bwd']:.0f}% | {v['memory_mb']:.1f} ({v['memory_ratio']:.2f}×) | "
-                     f"{v['decode_ms_per_token']:.2f} ({v['decode_ratio']:.2f}×) |")
+        lines.append(
+            f"| {n}{base} | {v['params'] / 1e6:.2f}M | {v['train_flops_per_token'] / 1e6:.1f}M "
+            f"({v['flop_ratio']:.2f}×) | "
+            f"{v['fwd_bwd_ms']:.1f} ({v['fwd_bwd_ratio']:.2f}×) | {v['step_ms']:.1f} "
+            f"({v['step_ratio']:.2f}×) | "
+            f"{100 * v['mfu_fwd_bwd']:.0f}% | {v['memory_mb']:.1f} ({v['memory_ratio']:.2f}×) | "
+            f"{v['decode_ms_per_token']:.2f} ({v['decode_ratio']:.2f}×) |"
+        )
     p = r["prefill"]
-    lines += ["", f"MeSH / base recursion: fwd+bwd {r['mesh_vs_base']:.3f}×, full step {r['mesh_vs_base_step']:.3f}×. "
-              f"Exact T²MLR prefill of {p['tokens'][0]} x {p['tokens'][1]} tokens: {p['t2mlr_exact_ms']:.1f} ms vs plain "
-              f"{p['plain_ms']:.1f} ms ({p['ratio']:.2f}×)."]
+    lines += [
+        "",
+        f"MeSH / base recursion: fwd+bwd {r['mesh_vs_base']:.3f}×, full step {r['mesh_vs_base_step']:.3f}×. "
+        f"Exact T²MLR prefill of {p['tokens'][0]} x {p['tokens'][1]} tokens: {p['t2mlr_exact_ms']:.1f} ms "
+        "vs plain "
+        f"{p['plain_ms']:.1f} ms ({p['ratio']:.2f}×).",
+    ]
     o = r["jacobi_options"]
-    lines += ["", f"T²MLR options against fixed D = 16 (same weights): jacobi_tol {o['tol']['jacobi_tol']:g} used "
-              f"{o['tol']['passes_mean']:.1f} of 16 middle-block passes, fwd+bwd {o['tol']['fwd_bwd_vs_fixed']:.2f}×; "
-              f"jacobi_checkpoint memory {o['checkpoint']['memory_vs_plain']:.2f}× plain "
-              f"({o['checkpoint']['memory_vs_fixed']:.2f}× of fixed D), fwd+bwd {o['checkpoint']['fwd_bwd_vs_fixed']:.2f}× of fixed D.",
-              "", f"| parallel Jacobi prefill (tol {r['prefill_tol']:g}), batch 1 | passes used | max logit diff vs exact | "
-              "exact ms | converged ms | converged / exact |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"T²MLR options against fixed D = 16 (same weights): jacobi_tol {o['tol']['jacobi_tol']:g} used "
+        f"{o['tol']['passes_mean']:.1f} of 16 middle-layer passes, fwd+bwd "
+        f"{o['tol']['fwd_bwd_vs_fixed']:.2f}×; "
+        f"jacobi_checkpoint memory {o['checkpoint']['memory_vs_plain']:.2f}× plain "
+        f"({o['checkpoint']['memory_vs_fixed']:.2f}× of fixed D), fwd+bwd "
+        f"{o['checkpoint']['fwd_bwd_vs_fixed']:.2f}× of fixed D.",
+        "",
+        f"| parallel Jacobi prefill (tol {r['prefill_tol']:g}), batch 1 | passes used | max logit diff vs "
+        "exact | "
+        "exact ms | converged ms | converged / exact |",
+        "|---|---|---|---|---|---|",
+    ]
     for p in r["jacobi_prefill"]:
-        lines.append(f"| {p['tokens']} tokens | {p['passes']} | {p['max_logit_diff']:.1e} | {p['exact_ms']:.1f} | "
-                     f"{p['converged_ms']:.1f} | {p['ratio']:.2f}× |")
+        lines.append(
+            f"| {p['tokens']} tokens | {p['passes']} | {p['max_logit_diff']:.1e} | {p['exact_ms']:.1f} | "
+            f"{p['converged_ms']:.1f} | {p['ratio']:.2f}× |"
+        )
     if "tokenizer" in r:
         k = r["tokenizer"]
-        lines.append(f"Tokenizer (GPT-2 BPE, pydoc, {k['tokens']:,} tokens): prepare_data {k['prepare_data_tok_s'] / 1e6:.2f}M tok/s, "
-                     f"bare tiktoken encode_ordinary_batch {k['tiktoken_tok_s'] / 1e6:.2f}M tok/s ({k['ratio']:.2f}× of bare).")
-    lines += ["", "| target | measured | bound | met | reference (T²MLR code, CPU) |", "|---|---|---|---|---|"]
+        lines.append(
+            f"Tokenizer (GPT-2 BPE, pydoc, {k['tokens']:,} tokens): prepare_data "
+            f"{k['prepare_data_tok_s'] / 1e6:.2f}M tok/s, "
+            f"bare tiktoken encode_ordinary_batch {k['tiktoken_tok_s'] / 1e6:.2f}M tok/s ({k['ratio']:.2f}× "
+            "of bare)."
+        )
+    lines += [
+        "",
+        "| target | measured | bound | met | reference (T²MLR code, CPU) |",
+        "|---|---|---|---|---|",
+    ]
     for key, desc, bound, op in TARGETS:
         tg = r["targets"][key]
         fmt = (lambda x: f"{100 * x:.0f}%") if key == "vanilla_mfu" else (lambda x: f"{x:.2f}×")
         ref = f"{REFERENCE[key]:.2f}×" if key in REFERENCE else ""
-        lines.append(f"| {desc} | {fmt(tg['value'])} | {op} {fmt(bound)} | {'yes' if tg['met'] else '**no**'} | {ref} |")
+        lines.append(
+            f"| {desc} | {fmt(tg['value'])} | {op} {fmt(bound)} | {'yes' if tg['met'] else '**no**'} | "
+            f"{ref} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv=None):
     """Run the command line; returns the bench.json dict."""
     p = argparse.ArgumentParser(description="Speed and memory of every variant, interleaved in one process.")
-    p.add_argument("--size", choices=list(SIZES), default="tiny", help="default tiny (T²MLR reference timings)")
+    p.add_argument(
+        "--size", choices=list(SIZES), default="tiny", help="default tiny (T²MLR reference timings)"
+    )
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1 ...")
-    p.add_argument("--repeats", type=int, default=7, help="measured rounds per measurement (median); default 7")
+    p.add_argument(
+        "--repeats", type=int, default=7, help="measured rounds per measurement (median); default 7"
+    )
     p.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first; default 2")
     p.add_argument("--batch_size", type=int, default=None, help="training batch; default per size (tiny 4)")
-    p.add_argument("--seq_len", type=int, default=None, help="training sequence length; default per size (tiny 256)")
+    p.add_argument(
+        "--seq_len", type=int, default=None, help="training sequence length; default per size (tiny 256)"
+    )
     p.add_argument("--no_tokenizer", action="store_true", help="skip the tokenizer measurement")
-    p.add_argument("--jacobi_tol", type=float, default=1e-3, help="jacobi_tol of the t2mlr_tol row; default 1e-3")
-    p.add_argument("--prefill_tol", type=float, default=1e-4, help="tolerance of the parallel Jacobi prefill; default 1e-4")
-    p.add_argument("--prefill_lengths", type=int, nargs="+", default=None, help="prompt lengths of the Jacobi prefill rows; "
-                                                                                  "default 64 256 1024")
+    p.add_argument(
+        "--jacobi_tol", type=float, default=1e-3, help="jacobi_tol of the t2mlr_tol row; default 1e-3"
+    )
+    p.add_argument(
+        "--prefill_tol",
+        type=float,
+        default=1e-4,
+        help="tolerance of the parallel Jacobi prefill; default 1e-4",
+    )
+    p.add_argument(
+        "--prefill_lengths",
+        type=int,
+        nargs="+",
+        default=None,
+        help="prompt lengths of the Jacobi prefill rows; " "default 64 256 1024",
+    )
     p.add_argument("--out", default="bench.json", help="default bench.json")
     args = p.parse_args(argv)
     t0 = time.time()
-    result = run(args.size, args.device, args.repeats, args.warmup, args.batch_size, args.seq_len, not args.no_tokenizer,
-                 args.jacobi_tol, args.prefill_tol, args.prefill_lengths)
+    result = run(
+        args.size,
+        args.device,
+        args.repeats,
+        args.warmup,
+        args.batch_size,
+        args.seq_len,
+        not args.no_tokenizer,
+        args.jacobi_tol,
+        args.prefill_tol,
+        args.prefill_lengths,
+    )
     result["wall_s"] = time.time() - t0
     print(markdown(result))
     with open(args.out, "w") as f:

@@ -98,15 +98,22 @@ def load_config(argv, *classes, skip_unknown=False, defer=()):
     hints = [typing.get_type_hints(cls) for cls in classes]
     owner = {f.name: i for i, cls in enumerate(classes) for f in dataclasses.fields(cls)}
     if len(owner) < sum(len(dataclasses.fields(cls)) for cls in classes):
-        raise TypeError(f"two of {[cls.__name__ for cls in classes]} share a field name: a key must have one owner")
+        raise TypeError(
+            f"two of {[cls.__name__ for cls in classes]} share a field name: a key must have one owner"
+        )
     overrides = [{} for _ in classes]
 
     def assign(key, value, where, raw=None):
+        renamed = next((cls.renamed[key] for cls in classes if key in getattr(cls, "renamed", {})), None)
+        if renamed:
+            raise ConfigError(f"config key '{key}' in {where} is now called '{renamed}' (the same setting)")
         if key not in owner:
             close = difflib.get_close_matches(key, owner, n=1, cutoff=0.8 if skip_unknown else 0.6)
             if skip_unknown and not close:
                 return
-            raise ConfigError(f"unknown config key '{key}' in {where}" + (f" (did you mean '{close[0]}'?)" if close else ""))
+            raise ConfigError(
+                f"unknown config key '{key}' in {where}" + (f" (did you mean '{close[0]}'?)" if close else "")
+            )
         i = owner[key]
         try:
             overrides[i][key] = _coerce(key, value, hints[i][key], where)
@@ -116,7 +123,9 @@ def load_config(argv, *classes, skip_unknown=False, defer=()):
             try:                              # a CLI string field may look like a literal: --dataset=123
                 overrides[i][key] = _coerce(key, raw, hints[i][key], where)
             except ConfigError:
-                raise ConfigError(f"{key}={value!r} ({where}): expected {_type_name(hints[i][key])}") from None
+                raise ConfigError(
+                    f"{key}={value!r} ({where}): expected {_type_name(hints[i][key])}"
+                ) from None
 
     for arg in argv:
         if arg in ("-h", "--help"):
@@ -137,7 +146,9 @@ def load_config(argv, *classes, skip_unknown=False, defer=()):
             except OSError as e:
                 raise ConfigError(f"cannot read config file {arg}: {e.strerror}") from None
             for key, value in namespace.items():
-                if not key.startswith("_") and not isinstance(value, (types.ModuleType, types.FunctionType, type)):
+                if not key.startswith("_") and not isinstance(
+                    value, (types.ModuleType, types.FunctionType, type)
+                ):
                     assign(key, value, arg)
         else:
             raise ConfigError(f"argument '{arg}' is neither a config file (*.py) nor --key=value")
@@ -150,7 +161,9 @@ def load_config(argv, *classes, skip_unknown=False, defer=()):
 
 def given_values(given, *instances) -> dict:
     """{key: value} of the keys in `given` (load_config's record), in field order: what the user set."""
-    return {f.name: getattr(cfg, f.name) for cfg in instances for f in dataclasses.fields(cfg) if f.name in given}
+    return {
+        f.name: getattr(cfg, f.name) for cfg in instances for f in dataclasses.fields(cfg) if f.name in given
+    }
 
 
 def check_ranges(cfg, ranges):
@@ -179,4 +192,6 @@ def _within(value, valid):
         bound = ast.literal_eval(bound)
         return value >= bound if op == ">=" else value > bound
     low, high = (ast.literal_eval(bound.strip()) for bound in valid[1:-1].split(","))
-    return (low <= value if valid[0] == "[" else low < value) and (value <= high if valid[-1] == "]" else value < high)
+    return (low <= value if valid[0] == "[" else low < value) and (
+        value <= high if valid[-1] == "]" else value < high
+    )

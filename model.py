@@ -1,26 +1,39 @@
 """
 One file, every variant: a vanilla GPT, recursive transformers with MeSH, and T²MLR.
 
-Notation: B batch, T sequence length, C = n_embd (the papers' d / D / H), V vocabulary.
+Notation (one meaning each; the README's glossary maps them to the papers): B batch, T sequence length,
+C = n_embd (the papers' d), V vocabulary; K loops of the core, n_slots MeSH slots (the MeSH paper's B);
+D Jacobi sweeps per training step (the final one included), b sweeps before the final one that keep
+gradient; R_t the T²MLR recurrent state, R^(d) the states of all positions after d sweeps.
 
 MeSH (Yu et al., "MeSH: Memory-as-State-Highways for Recursive Transformers", arXiv 2510.07739).
-    A recursive transformer runs a prelude, then ONE weight-shared core block K times (the loop), then
-    a coda. Layout "2+4R2+2" = 2 prelude layers, 4 core layers looped K=2 times, 2 coda layers: the
-    compute of 12 layers with the parameters of 8. Between loops one rule passes the state (§3.1):
-    h(t+1) = f_core(h(t)) + h_sup(t) with h_sup = 0 (base), h(t) (+residual), h(0) (+anchor) or
-    h_emb (+anchor*). MeSH (§3.2) replaces that rule by a buffer of B_slots slots with a write and a
-    read router per step: the core output is softly written into the slots, the next state is a soft
-    read of them.
+    A recursive transformer runs a prelude, then ONE weight-shared core (a stack of layers) K times (the
+    loops), then a coda. Layout "2+4R2+2" = 2 prelude layers, 4 core layers looped K=2 times, 2 coda
+    layers: the compute of 12 layers with the parameters of 8. Between loops one rule passes the state
+    (§3.1): h(t+1) = f_core(h(t)) + h_sup(t) with h_sup = 0 (base), h(t) (+residual), h(0) (+anchor) or
+    h_emb (+anchor*). MeSH (§3.2) replaces that rule by a buffer of n_slots slots with a write and a read
+    router per step: the core output is softly written into the slots, the next state is a soft read.
 
 T²MLR (Transformer with Temporal Middle-Layer Recurrence, arXiv 2607.15178).
     The output of layer l_end at token t-1 (the recurrent state R_{t-1}) is fused by a gate into the
-    input of layer l_start at token t. Training is parallel: D Jacobi sweeps over layers
-    l_start..l_end (gradients through the last b); inference is exact, token by token through the
-    middle block, with a KV cache plus one recurrent state.
+    input of layer l_start at token t. Training is parallel: D Jacobi sweeps over the middle layers
+    l_start..l_end (gradients through the final one and the b before it); inference is exact, token by
+    token through the middle layers, with a KV cache plus one recurrent state.
 
-Section, equation, table and figure numbers below refer to the two papers ("MeSH paper §3.2, Eq. 3").
+How to read it: GPT.forward embeds idx and picks one branch per variant; read the branch's functions in
+this order (each is short and narrated step by step):
+    vanilla      forward -> run_layers -> Layer (Attention, MLP)
+    recursive    forward -> recursive_forward (a branch per state mode, MeSH's too) -> MeshMemory.write_read
+    T²MLR train  forward -> jacobi_forward -> jacobi_state -> jacobi_sweep -> TemporalGate, update_state
+    T²MLR exact  forward -> exact_forward -> TemporalGate, update_state
+    generation   generate -> forward (exact mode with an InferenceCache) -> exact_forward; sample_next
+test_equivalence.py holds the executable definitions these are checked against (a naive token loop for
+T²MLR, one-hot MeSH routing that reproduces base and residual, the one-loop layout that is vanilla).
+
+Section, equation, table and figure numbers refer to the two papers ("MeSH paper §3.2, Eq. 3").
 "The reference" is the public T²MLR code (github.com/princeton-pli/T2MLR), whose details the T²MLR
-parts follow; "our reading" marks a choice the papers leave open.
+parts follow; "our reading" marks a choice the papers leave open; "speed-up" marks an optimisation
+shown after the plain form it computes.
 """
 
 import glob
@@ -60,28 +73,33 @@ def rotary_tables(head_dim: int, rope_pct: float, theta: float, length: int, dty
 
 def apply_rotary(x, cos, sin):
     """Rotate the first rot_dim = cos.shape[-1] dims of x (B, T, heads, hs) by position, in NeoX and
-    LLaMA's "rotate half" form: pair dim i with i + rot_dim/2, [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin].
-    roll() swaps the halves and the signed sin table supplies the minus; other dims pass through.
-    cos, sin: (T, 1, rot_dim) from rotary_tables."""
+    LLaMA's "rotate half" form: pair dim i with i + rot_dim/2 and rotate each pair by its angle,
+
+        x1, x2 = x.chunk(2, dim=-1);  x -> cat([x1 cos - x2 sin, x2 cos + x1 sin])      (the plain form)
+
+    Other dims pass through. cos, sin: (T, 1, rot_dim) from rotary_tables.
+    Speed-up (same values, one expression and no chunk): roll() swaps the halves, [x2, x1], and the sin
+    table carries the minus, [-sin, +sin], so x·cos + roll(x)·sin is the rotation above."""
     rot_dim = cos.shape[-1]
     if rot_dim == 0:             # rope_pct = 0: no positional encoding at all (NoPE)
         return x
-    if rot_dim < x.shape[-1]:
+    if rot_dim < x.shape[-1]:    # partial rotary (NeoX: 25% of the dims): rotate the first rot_dim only
         return torch.cat([apply_rotary(x[..., :rot_dim], cos, sin), x[..., rot_dim:]], dim=-1)
     return (x * cos + x.roll(rot_dim // 2, dims=-1) * sin).to(x.dtype)
 
 
 # -----------------------------------------------------------------------------
-# Building blocks: attention with an optional KV cache, MLP, transformer block
+# Building parts: attention with an optional KV cache, MLP, transformer layer
 
 class LayerCache:
-    """Keys and values of one block application, holding at most `max_len` positions.
+    """Keys and values of one layer application, holding at most `max_len` positions.
 
     `update(k, v)` appends (B, n_kv_head, T, hs) keys/values and returns all cached ones so far, (B,
-    n_kv_head, length, hs). Without autograd (generation, evaluation) they are written in place into a
-    buffer preallocated to max_len; with autograd (training through the exact T²MLR recurrence) they
-    are concatenated, since in-place writes would overwrite tensors saved for the backward pass.
-    Raises RuntimeError when more than `max_len` positions would be stored.
+    n_kv_head, length, hs). The plain form concatenates the new ones to the cached ones (used with
+    autograd, e.g. training through the exact T²MLR recurrence, where in-place writes would overwrite
+    tensors saved for the backward pass). Speed-up without autograd (generation, evaluation): they are
+    written in place into a buffer preallocated to max_len, one copy of the new positions per call
+    instead of one of all of them. Raises RuntimeError when more than `max_len` positions would be stored.
     """
 
     def __init__(self, max_len: int):
@@ -91,10 +109,10 @@ class LayerCache:
         T = k.shape[2]
         if self.length + T > self.max_len:
             raise RuntimeError(f"KV cache full: {self.length} + {T} > {self.max_len} positions")
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled():                                   # the plain form: concatenate
             self.k = k if self.k is None else torch.cat([self.k[:, :, :self.length], k], dim=2)
             self.v = v if self.v is None else torch.cat([self.v[:, :, :self.length], v], dim=2)
-        else:
+        else:                                                         # speed-up: write in place
             if self.k is None or self.k.shape[2] < self.max_len:      # first write, or after a cat
                 self.k = self._preallocate(k, self.k)
                 self.v = self._preallocate(v, self.v)
@@ -112,7 +130,7 @@ class LayerCache:
 
 
 class InferenceCache:
-    """Everything generation carries between calls: one LayerCache per block *application*
+    """Everything generation carries between calls: one LayerCache per layer *application*
     (a core layer looped K times has K caches), plus the T²MLR recurrent state R_{t-1} of shape (B, 1, C)."""
 
     def __init__(self, n_applications: int, max_len: int):
@@ -139,8 +157,10 @@ class Attention(nn.Module):
         """x (B, T, C) at positions pos..pos+T-1 (cos/sin already sliced to them) -> (B, T, C)."""
         B, T, C = x.shape
         nh, nkv = self.n_head, self.n_kv_head
-        qkv = self.qkv(x).view(B, T, nh + 2 * nkv, self.head_dim)           # heads: nh queries, nkv keys, nkv values
-        qk = apply_rotary(qkv[:, :, :nh + nkv], cos, sin)                   # queries and keys rotated in one go
+        # heads: nh queries, nkv keys, nkv values
+        qkv = self.qkv(x).view(B, T, nh + 2 * nkv, self.head_dim)
+        # queries and keys rotated in one go
+        qk = apply_rotary(qkv[:, :, :nh + nkv], cos, sin)
         q, k = qk.transpose(1, 2).split([nh, nkv], dim=1)                   # (B, nh, T, hs), (B, nkv, T, hs)
         v = qkv[:, :, nh + nkv:].transpose(1, 2)                            # (B, nkv, T, hs)
         past = 0
@@ -181,11 +201,12 @@ def make_norm(cfg):
     return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=True)
 
 
-class Block(nn.Module):
+class Layer(nn.Module):
     """One transformer layer, a map (B, T, C) -> (B, T, C) that includes its own residual.
 
     neox  (Pythia / GPT-NeoX, as in the MeSH paper):      parallel residual x + attn(ln1(x)) + mlp(ln2(x)).
-    llama (SmolLM2, the T²MLR reference's FineWeb model): sequential x = x + attn(ln1(x)); x = x + mlp(ln2(x)).
+    llama (SmolLM2, the T²MLR reference's FineWeb model): sequential x = x + attn(ln1(x)); x = x +
+    mlp(ln2(x)).
     """
 
     def __init__(self, cfg):
@@ -203,11 +224,6 @@ class Block(nn.Module):
 # -----------------------------------------------------------------------------
 # MeSH: state passing between loops of the core (MeSH paper §3.1 heuristics, §3.2 memory)
 
-def slot_softmax(logits):
-    """Softmax over the slot dimension, in fp32 even under bf16 autocast (float64 stays float64)."""
-    return F.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-
-
 class MeshMemory(nn.Module):
     """The MeSH slot buffer's routers (MeSH paper §3.2).
 
@@ -222,23 +238,23 @@ class MeshMemory(nn.Module):
         self.read_routers = nn.ModuleList(nn.Linear(n_embd, n_slots) for _ in range(n_steps))
         self.n_slots = n_slots
 
-    def new_buffer(self, h_emb):
-        """Slot 0 = the √d-scaled token embeddings h_emb (B, T, C); slots 1..B-1 = 0. Returns (n_slots, B, T, C)."""
-        buffer = h_emb.new_zeros(self.n_slots, *h_emb.shape)
-        buffer[0] = h_emb
-        return buffer
-
     def write_read(self, step: int, buffer, router_in, written):
         """One MeSH step, write then read (paper Eq. 3):
 
-            w_write = softmax(Lin_write[step](router_in)),  w_read = softmax(Lin_read[step](router_in))   (B, T, n_slots)
-            m_b    <- m_b + w_write[..., b] * written          (additive soft write, no erase)
-            h_next  = sum_b w_read[..., b] * m_b               (read from the UPDATED buffer)
+            w_write = softmax(write_routers[step](router_in))     (B, T, n_slots)
+            w_read  = softmax(read_routers[step](router_in))      (B, T, n_slots)
+            m_s    <- m_s + w_write[..., s] * written             (additive soft write, every slot s)
+            h_next  = sum_s w_read[..., s] * m_s                  (read from the UPDATED buffer)
+
+        step 0 is the transitional step (written = h_pre, the prelude output), step t+1 the loop t
+        (written = f_core(h(t)), router_in = h(t)).
 
         router_in, written: (B, T, C); buffer: (n_slots, B, T, C). Returns (new buffer, h_next (B, T, C)).
         """
-        w_write = slot_softmax(self.write_routers[step](router_in))
-        w_read = slot_softmax(self.read_routers[step](router_in))
+        # softmax in fp32 under bf16 autocast
+        fp32 = torch.promote_types(router_in.dtype, torch.float32)
+        w_write = F.softmax(self.write_routers[step](router_in), dim=-1, dtype=fp32)    # (B, T, n_slots)
+        w_read = F.softmax(self.read_routers[step](router_in), dim=-1, dtype=fp32)
         buffer = buffer + w_write.permute(2, 0, 1).unsqueeze(-1) * written     # out of place, for autograd
         h_next = torch.einsum("btn,nbtc->btc", w_read, buffer)
         return buffer, h_next.to(written.dtype)
@@ -248,18 +264,17 @@ class MeshMemory(nn.Module):
 # T²MLR: the gate that fuses the previous token's state, and the state update (both as the reference has them)
 
 class TemporalGate(nn.Module):
-    """Gated fusion of the recurrent state r = R_{t-1} into the input x of layer l_start (the reference's "gated"
-    mixer, the one all its released scripts use):
+    """Gated fusion of the recurrent state r = R_{t-1} into the input x of layer l_start (the T²MLR paper;
+    the reference's "gated" mixer, the one all its released scripts use). The plain form:
 
         r~ = W_p r;  g = [x ; r~]
         a_r = σ(A_r g + b_r),  a_x = σ(A_x g + b_x)               per-dimension local gates
         x'  = x + tanh(θ_r) · a_r ⊙ r~ + tanh(θ_x) · a_x ⊙ x       θ_r = θ_x = 0 at init: an exact identity
 
-    The gates' linear map splits into an x half and an r half, A g + b = A^x x + A^r r~ + b, stored as
-    `gates_x` (the x columns of [A_r; A_x] and the biases) and `gates_r` (the r~ columns): the same
-    5C² + 2C + 2 parameters. x is fixed across Jacobi sweeps and known for all positions before the
-    token-by-token loop, so `precompute(x)` evaluates the x half once and each sweep or token adds
-    only the r half.
+    Speed-up (same values, same 5C² + 2C + 2 parameters): the gates' linear map splits into an x half and an
+    r half, A g + b = A^x x + A^r r~ + b, stored as `gates_x` (the x columns of [A_r; A_x] and the biases) and
+    `gates_r` (the r~ columns). x is the same in every Jacobi sweep and known for all positions before the
+    token-by-token loop, so `precompute(x)` evaluates the x half once and each sweep or token adds the r half.
     """
 
     def __init__(self, n_embd: int):
@@ -271,33 +286,40 @@ class TemporalGate(nn.Module):
         self.theta_x = nn.Parameter(torch.zeros(1))                   # θ_x, global gate of the input
 
     def precompute(self, x):
-        """x (B, T, C) -> (x half of the gate logits (B, T, 2C), γ_r, γ_x), reused by every sweep or token.
-        θ are fp32 master weights and autocast leaves tanh in fp32 (the reference keeps θ and tanh in fp32 too)."""
+        """The speed-up: x (B, T, C) -> (x half of the gate logits (B, T, 2C), γ_r, γ_x), reused by every
+        sweep or token. θ are fp32 master weights and autocast leaves tanh in fp32 (as the reference keeps
+        them)."""
         return self.gates_x(x), torch.tanh(self.theta_r).to(x.dtype), torch.tanh(self.theta_x).to(x.dtype)
 
-    def forward(self, x, r, pre=None):
-        """x, r: (B, T, C) -> x' (B, T, C); pre = precompute(x), or None to compute it here."""
+    def forward(self, x, r, pre=None, recurrent=None):
+        """x, r: (B, T, C) -> x' (B, T, C); pre = precompute(x), or None to compute it here.
+        recurrent: (B, T, 1) bool or None (all): x' at recurrent tokens, x unchanged at the others (control
+        flow)."""
         gates_x, gamma_r, gamma_x = self.precompute(x) if pre is None else pre
-        r = self.proj(r)
+        r = self.proj(r)                                              # r~ = W_p r
+        # σ(A g + b), both gates at once
         a_r, a_x = torch.sigmoid(gates_x + self.gates_r(r)).chunk(2, dim=-1)
-        return x + gamma_r * a_r * r + gamma_x * a_x * x
+        mixed = x + gamma_r * a_r * r + gamma_x * a_x * x
+        return mixed if recurrent is None else torch.where(recurrent, mixed, x)
 
 
-def update_state(h, r_prev, residual: bool, detach: bool):
+def update_state(h, r_prev, residual: bool, detach: bool, recurrent=None):
     """The recurrent state written at a token from the output h of layer l_end (as the reference writes it):
 
         residual off:  R_t = h_t
-        residual on:   u_t = h_t + R_{t-1};  s_t = clamp(1 / sqrt(mean(u_t²) + 1e-6), 1/5, 5);  R_t = s_t · u_t
+        residual on:   u_t = h_t + R_{t-1};  s_t = clamp(1 / sqrt(mean(u_t²) + 1e-6), 1/5, 5);
+                       R_t = s_t · u_t
 
     s_t is computed on detach(u_t), a stop-gradient constant (NOT an nn.RMSNorm: no weight, and the
     clamp changes values when RMS(u) > 5); it is fp32 because the residual stream stays fp32 under
     autocast. `detach` stops the gradient along the R chain. h, r_prev: (B, T, C) -> (B, T, C).
+    recurrent: (B, T, 1) bool or None (all): non-recurrent tokens write the raw h_t (control flow).
     """
     if not residual:
         return h
     u = h + (r_prev.detach() if detach else r_prev)
     scale = u.detach().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
-    return u * scale
+    return u * scale if recurrent is None else torch.where(recurrent, u * scale, h)
 
 
 def state_change(new, old):
@@ -311,39 +333,68 @@ def shift_right(x):
     return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
 
 
-# Control flow (c_t in the T²MLR reference code): per token 0 = padding, 1 = non-recurrent (e.g. a prompt), >= 2 =
-# recurrent. Mixing and the residual state merge happen only where c > 1; elsewhere the gate passes x through
-# and the written state is the raw l_end output h. `recurrent` below is the mask (c > 1) of shape (B, T, 1),
-# or None when every token is recurrent (no control given), which skips the masking entirely.
-
-def recurrent_mask(control):
-    """control (B, T) ints -> bool mask (B, T, 1) of the recurrent tokens (c > 1), or None for control=None."""
-    return None if control is None else (control > 1).unsqueeze(-1)
+# Control flow (c_t in the T²MLR reference code): per token 0 = padding, 1 = non-recurrent (e.g. a prompt), >=
+# 2 = recurrent. Mixing and the residual state merge happen only where c > 1; elsewhere the gate passes x
+# through and the written state is the raw l_end output h. `recurrent` in the code is the mask (c > 1) of
+# shape (B, T, 1), or None when every token is recurrent (no control given), which skips the masking entirely.
 
 
-def mix_state(gate, x, state, pre, recurrent):
-    """The gate's x' = f(x, R_{t-1}) at recurrent tokens, x unchanged at the others. x, state: (B, T, C)."""
-    mixed = gate(x, state, pre)
-    return mixed if recurrent is None else torch.where(recurrent, mixed, x)
+# -----------------------------------------------------------------------------
+# Probes: what probe.py reads out of a forward pass
+
+class Recorder:
+    """Collects hidden states during a forward pass, for probe.py (MeSH paper §4.1 diagnostics):
+    `states` {name: (B, T, C)} (h_emb, h(0)..h(K), h_out) and `updates` [(name, input, output)], one per
+    layer or unit applied (its input h and output f(h), for the relative update). Pass one as
+    forward(..., recorder=Recorder()); the default, NO_RECORDER, records nothing."""
+
+    def __init__(self):
+        self.states, self.updates = {}, []
+
+    def state(self, name, h):
+        self.states[name] = h
+
+    def update(self, name, h_in, h_out):
+        self.updates.append((name, h_in, h_out))
 
 
-def write_state(h, state, cfg, recurrent):
-    """R_t: update_state(h_t, R_{t-1}) at recurrent tokens, the raw l_end output h_t at the others."""
-    merged = update_state(h, state, cfg.state_residual, cfg.state_detach)
-    return merged if recurrent is None else torch.where(recurrent, merged, h)
+class _NoRecorder(Recorder):
+    def state(self, name, h):
+        pass
+
+    def update(self, name, h_in, h_out):
+        pass
+
+
+NO_RECORDER = _NoRecorder()
 
 
 # -----------------------------------------------------------------------------
 # Configuration
 
+# GPTConfig fields renamed since earlier versions: old checkpoints load under the new names
+# (train.load_checkpoint), and a config file or flag with an old name is told the new one (configurator).
+RENAMED_FIELDS = {"jacobi_iters": "jacobi_sweeps", "jacobi_grad_iters": "jacobi_grad_sweeps"}
 LAYOUT_RE = re.compile(r"^(\d+)\+(\d+)R(\d+)\+(\d+)$")
 STATE_MODES = ("base", "residual", "anchor", "anchor_star", "mesh")
 # The valid range of every numeric field of GPTConfig (configurator.check_ranges: None passes, nan and inf
 # never). l_start and l_end take any int (negative counts from the end); _check_t2mlr checks them.
 GPT_RANGES = {
-    "vocab_size": ">= 1", "block_size": ">= 1", "n_layer": ">= 1", "n_head": ">= 1", "n_kv_head": ">= 1",
-    "n_embd": ">= 1", "mlp_hidden": ">= 1", "rope_theta": "> 0", "rope_pct": "[0, 1]", "norm_eps": "> 0",
-    "mesh_slots": ">= 2", "jacobi_iters": ">= 1", "jacobi_grad_iters": ">= 0", "jacobi_tol": "[0, 1)", "gate_bias_prob": "(0, 1)",
+    "vocab_size": ">= 1",
+    "block_size": ">= 1",
+    "n_layer": ">= 1",
+    "n_head": ">= 1",
+    "n_kv_head": ">= 1",
+    "n_embd": ">= 1",
+    "mlp_hidden": ">= 1",
+    "rope_theta": "> 0",
+    "rope_pct": "[0, 1]",
+    "norm_eps": "> 0",
+    "mesh_slots": ">= 2",
+    "jacobi_sweeps": ">= 1",
+    "jacobi_grad_sweeps": ">= 0",
+    "jacobi_tol": "[0, 1)",
+    "gate_bias_prob": "(0, 1)",
     "gate_weight_gain": "> 0",
 }
 
@@ -356,22 +407,28 @@ def parse_layout(layout: str):
     """
     m = LAYOUT_RE.match(layout.replace(" ", ""))
     if m is None:
-        raise ValueError(f"layout {layout!r} is malformed; expected 'P+CRK+Q' with non-negative integers, e.g. '2+4R2+2'")
-    p, c, k, q = map(int, m.groups())
-    if c < 1 or k < 1:
-        raise ValueError(f"layout {layout!r} needs at least one core layer and K >= 1 loops (the 'CRK' part), e.g. '2+4R2+2'")
-    return p, c, k, q
+        raise ValueError(
+            f"layout {layout!r} is malformed; expected 'P+CRK+Q' with non-negative integers, e.g. '2+4R2+2'"
+        )
+    n_prelude, n_core, K, n_coda = map(int, m.groups())
+    if n_core < 1 or K < 1:
+        raise ValueError(
+            f"layout {layout!r} needs at least one core layer and K >= 1 loops (the 'CRK' part), e.g. "
+            "'2+4R2+2'"
+        )
+    return n_prelude, n_core, K, n_coda
 
 
 @dataclass
 class GPTConfig:
     """Every variant is a setting of these fields; __post_init__ fills flavour defaults and raises
     ValueError for invalid combinations, naming the bad value and what would be valid."""
+    renamed = RENAMED_FIELDS         # a class attribute, not a field: old name -> new name, for configurator
     flavour: str = "neox"            # "neox" (Pythia, MeSH's baseline) or "llama" (SmolLM2, T²MLR's)
     vocab_size: int = 50304          # GPT-2's 50257 padded to a multiple of 64
     block_size: int = 1024           # maximum sequence length T
     n_layer: int = 12                # depth of a vanilla model (used when layout is "")
-    layout: str = ""                 # recursive depth "P+CRK+Q": prelude, core layers, loops K, coda (MeSH's notation)
+    layout: str = ""                 # recursive "P+CRK+Q": prelude, core layers, K loops, coda (MeSH paper)
     n_head: int = 12
     n_kv_head: Optional[int] = None  # grouped-query attention; None = n_head
     n_embd: int = 768                # C (the papers' d / D / H)
@@ -381,7 +438,7 @@ class GPTConfig:
     bias: Optional[bool] = None      # biases on linears; None = True (neox) / False (llama)
     tie_embeddings: Optional[bool] = None  # None = False (neox, Pythia) / True (llama, SmolLM2)
     norm_eps: float = 1e-5
-    embed_scale: bool = True         # multiply token embeddings by sqrt(C) (MeSH §4.1); False for Pythia/SmolLM2 weights
+    embed_scale: bool = True         # embeddings times sqrt(C) (MeSH §4.1); False for Pythia/SmolLM2 weights
     # MeSH and the heuristic state passings (MeSH paper §3.1-3.2)
     state_mode: str = "base"         # h_sup: base 0 | residual h(t) | anchor h(0) | anchor_star h_emb | mesh
     mesh_slots: Optional[int] = None  # B_slots; None = K + 3 (MeSH paper §4.4, Table 3)
@@ -391,15 +448,15 @@ class GPTConfig:
     t2mlr: bool = False
     l_start: int = 0                 # first recurrent layer (gate at its input); negative counts from the end
     l_end: int = -1                  # last recurrent layer (state written from its output); inclusive
-    jacobi_iters: int = 16           # D: Jacobi sweeps in training
-    jacobi_grad_iters: int = 4       # b: sweeps that carry gradient
-    jacobi_tol: float = 0.0          # > 0: stop the no-grad sweeps once the state moves less than this (relative); 0 = always D
-    jacobi_checkpoint: bool = False  # recompute the b gradient sweeps' activations in backward (less memory, more time)
-    jacobi_init: str = "zero"        # C^(0): "zero" (ours) or "plain" (the reference's warm start, one middle pass more)
-    state_residual: bool = True      # R_t = s·(h_t + R_{t-1}) instead of R_t = h_t (on in the reference's FineWeb run)
-    state_detach: bool = False       # stop the gradient along the R chain (the reference: off for FineWeb, on for S5)
-    gate_bias_prob: Optional[float] = None  # gate biases b_r = b_x = logit(p) (S5: 0.5 -> 0); None = Linear default (FineWeb)
-    gate_weight_gain: float = 1.0    # xavier-normal gain of A_r, A_x (FineWeb and S5 1.0, the reference's SFT tasks 1e-2)
+    jacobi_sweeps: int = 16          # D: Jacobi sweeps per step, the final one included (positions < D exact)
+    jacobi_grad_sweeps: int = 4      # b: sweeps before the final one that keep gradient (b + 1 with autograd)
+    jacobi_tol: float = 0.0          # > 0: stop no-grad sweeps once the state moves less (relative); 0 = D
+    jacobi_checkpoint: bool = False  # recompute the b gradient sweeps in backward (less memory, more time)
+    jacobi_init: str = "zero"        # R^(0): "zero" (ours) or "plain" (the reference's, +1 middle pass)
+    state_residual: bool = True      # R_t = s·(h_t + R_{t-1}), not h_t (on in the reference's FineWeb run)
+    state_detach: bool = False       # no gradient along the R chain (reference: off for FineWeb, on for S5)
+    gate_bias_prob: Optional[float] = None  # b_r = b_x = logit(p) (S5: 0.5); None = Linear default (FineWeb)
+    gate_weight_gain: float = 1.0    # xavier-normal gain of A_r, A_x (FineWeb, S5: 1.0; reference SFT: 1e-2)
 
     def __post_init__(self):
         if self.flavour not in ("neox", "llama"):
@@ -411,7 +468,9 @@ class GPTConfig:
         self.tie_embeddings = llama if self.tie_embeddings is None else self.tie_embeddings
         if self.mlp_hidden is None:
             if llama:
-                raise ValueError("flavour 'llama' needs mlp_hidden (the SwiGLU width, e.g. 1536 for SmolLM2-135M)")
+                raise ValueError(
+                    "flavour 'llama' needs mlp_hidden (the SwiGLU width, e.g. 1536 for SmolLM2-135M)"
+                )
             self.mlp_hidden = 4 * self.n_embd
         check_ranges(self, GPT_RANGES)
         if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
@@ -433,11 +492,16 @@ class GPTConfig:
             raise ValueError(f"t2mlr needs a flat stack (n_layer), not the recursive layout {self.layout!r}")
         start, end = self.recurrent_layers
         if not (0 <= start <= end < self.n_layer):
-            raise ValueError(f"l_start = {self.l_start}, l_end = {self.l_end} must give 0 <= l_start <= l_end < "
-                             f"n_layer = {self.n_layer} (negative values count from the end)")
-        if self.jacobi_grad_iters > self.jacobi_iters:
-            raise ValueError(f"jacobi_grad_iters = {self.jacobi_grad_iters} must be <= jacobi_iters = {self.jacobi_iters}"
-                             f" (b of the D sweeps carry gradient)")
+            raise ValueError(
+                f"l_start = {self.l_start}, l_end = {self.l_end} must give 0 <= l_start <= l_end < "
+                f"n_layer = {self.n_layer} (negative values count from the end)"
+            )
+        if self.jacobi_grad_sweeps > self.jacobi_sweeps:
+            raise ValueError(
+                f"jacobi_grad_sweeps = {self.jacobi_grad_sweeps} must be <= jacobi_sweeps = "
+                f"{self.jacobi_sweeps}"
+                f" (b sweeps before the final one keep gradient)"
+            )
 
     @property
     def depth(self):
@@ -453,14 +517,14 @@ class GPTConfig:
     @property
     def n_unique(self):
         """Number of distinct (parameter) layers."""
-        p, c, _, q = self.depth
-        return p + c + q
+        n_prelude, n_core, _, n_coda = self.depth
+        return n_prelude + n_core + n_coda
 
     @property
     def n_unrolled(self):
-        """Number of layer applications per token: P + C*K + Q (the compute depth)."""
-        p, c, k, q = self.depth
-        return p + c * k + q
+        """Number of layer applications per token: n_prelude + n_core·K + n_coda (the compute depth)."""
+        n_prelude, n_core, K, n_coda = self.depth
+        return n_prelude + n_core * K + n_coda
 
 
 # -----------------------------------------------------------------------------
@@ -477,12 +541,21 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        p, c, k, q = cfg.depth
+        n_prelude, n_core, K, _ = cfg.depth
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_unique))   # prelude, core, coda in order
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_unique))   # prelude, core, coda in order
+        # The groups of layers the forwards read, as plain lists (the modules are registered once, in layers):
+        # recursive (MeSH paper §3.1): prelude, core (looped n_loops = K times), coda; a vanilla stack is all
+        # prelude. T²MLR: lower (below l_start), middle (l_start..l_end, the recurrent layers), upper (above
+        # l_end).
+        self.n_loops = K
+        self.prelude, self.core, self.coda = self.split(n_prelude, n_prelude + n_core)
+        start, end = cfg.recurrent_layers
+        self.lower, self.middle, self.upper = self.split(start, end + 1)
         self.mesh = None
         if cfg.layout and cfg.state_mode == "mesh":
-            self.mesh = MeshMemory(cfg.n_embd, cfg.mesh_slots or k + 3, k + 1)
+            # K + 3 slots: MeSH paper §4.4
+            self.mesh = MeshMemory(cfg.n_embd, cfg.mesh_slots or K + 3, K + 1)
         self.gate = TemporalGate(cfg.n_embd) if cfg.t2mlr else None
         self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
@@ -490,6 +563,11 @@ class GPT(nn.Module):
             self.lm_head.weight = self.wte.weight
         self.rotary_cache = {}         # (dtype, device) -> (cos, sin) over block_size positions; see rotary()
         self.init_weights()
+
+    def split(self, i: int, j: int):
+        """The layers as three plain lists: [:i], [i:j], [j:]."""
+        layers = list(self.layers)
+        return layers[:i], layers[i:j], layers[j:]
 
     # ---- initialisation ------------------------------------------------------
 
@@ -536,57 +614,80 @@ class GPT(nn.Module):
             self.gate.theta_r.zero_()
             self.gate.theta_x.zero_()
 
-    # ---- forward ---------------------------------------------------------------
+    # ---- forward: idx -> logits. Read it top-down; each variant's path is one branch below ---------------
 
-    def forward(self, idx, targets=None, mode=None, cache: Optional[InferenceCache] = None, probes=None,
-                control=None, tol: float = 0.0):
+    def forward(self, idx, targets=None, mode=None, cache: Optional[InferenceCache] = None,
+                control=None, tol: float = 0.0, recorder: Optional[Recorder] = None):
         """Logits and loss.
 
         idx: (B, T) token ids; targets: (B, T) ids, -1 = ignored. With `cache`, idx continues the
         sequence the cache holds (positions cache.length..), and the cache is updated in place.
-        mode (T²MLR only): "jacobi" (parallel training approximation, as the reference trains), "exact"
-        (token-by-token recurrence, as the reference evaluates) or "converged" (the exact result by parallel
-        Jacobi sweeps until the state moves less than `tol`, converged_forward: a parallel prefill); default
-        "jacobi" in train() and "exact" in eval(). With a cache, "jacobi" means exact and "converged" needs
-        the cache empty.
-        probes: a dict to fill with the diagnostic states (probe.py reads it), or None.
-        control (T²MLR only; ignored by other models): (B, T) ints, 0 padding, 1 non-recurrent, >= 2
-        recurrent (see recurrent_mask); None = every token recurrent.
+        mode (T²MLR only, ignored by the other models): how the recurrence in time is computed.
+            "jacobi"     D parallel Jacobi sweeps (as the paper and the reference train): jacobi_forward
+            "exact"      token by token through the middle layers (as the reference evaluates): exact_forward
+            "converged"  Jacobi sweeps until the state moves less than `tol` (a prefill): converged_forward
+            None         "jacobi" in train() without a cache, else "exact".
+        control (T²MLR only): (B, T) ints, 0 padding, 1 non-recurrent, >= 2 recurrent (control flow);
+        None = every token recurrent.
+        recorder: a Recorder to fill with the hidden states (probe.py), or None.
         Returns (logits (B, T, V), loss scalar or None). Raises ValueError when the sequence is longer
-        than block_size, mode is unknown or control's shape is not idx's.
+        than block_size, mode is unknown, "jacobi" is given a cache, or control's shape is not idx's.
         """
         B, T = idx.shape
-        pos = cache.length if cache is not None else 0
+        pos = cache.length if cache is not None else 0               # position of idx[:, 0]
         if pos + T > self.cfg.block_size:
             raise ValueError(f"sequence of {pos + T} tokens exceeds block_size = {self.cfg.block_size}")
         if control is not None and control.shape != idx.shape:
-            raise ValueError(f"control has shape {tuple(control.shape)}; it must match idx, {tuple(idx.shape)}")
-        h_emb = self.wte(idx)                                        # (B, T, C)
+            raise ValueError(
+                f"control has shape {tuple(control.shape)}; it must match idx, {tuple(idx.shape)}"
+            )
+        rec = recorder or NO_RECORDER
+        # one per application, in order
+        caches = iter(cache.layers if cache is not None else [None] * self.cfg.n_unrolled)
+        h = self.wte(idx)                                             # token embeddings h_emb (B, T, C)
         if self.cfg.embed_scale:
-            h_emb = h_emb * math.sqrt(self.cfg.n_embd)               # scaled by sqrt(d) (MeSH §4.1)
-        if probes is not None:
-            probes.update(states={"h_emb": h_emb}, blocks=[])
-        if self.gate is None:
-            h = self.depth_forward(h_emb, pos, cache, probes)
-        else:
-            mode = mode or ("exact" if cache is not None or not self.training else "jacobi")
-            if mode == "jacobi" and cache is None:
-                h = self.jacobi_forward(h_emb, control, probes)
-            elif mode in ("jacobi", "exact"):
-                h = self.exact_forward(h_emb, control, cache, probes)
+            h = h * math.sqrt(self.cfg.n_embd)                        # scaled by sqrt(d) (MeSH paper §4.1)
+        rec.state("h_emb", h)
+        if self.gate is not None:                                     # T²MLR: the recurrence in time
+            mode = mode or ("jacobi" if self.training and cache is None else "exact")
+            if mode == "jacobi" and cache is not None:
+                raise ValueError(
+                    "mode 'jacobi' cannot continue a KV cache (its sweeps see the whole sequence at "
+                    "once): use mode 'exact' (the default with a cache) or 'converged' for a prompt"
+                )
+            if mode == "jacobi":
+                h = self.jacobi_forward(h, control, rec)
+            elif mode == "exact":
+                h = self.exact_forward(h, control, cache, rec)
             elif mode == "converged":
-                h = self.converged_forward(h_emb, control, cache, tol)
+                h = self.converged_forward(h, control, cache, tol)
             else:
                 raise ValueError(f"mode {mode!r} is not one of 'jacobi', 'exact', 'converged'")
-        if probes is not None:
-            probes["states"]["h_out"] = h
-        logits = self.lm_head(self.ln_f(h))
+        # recursive: prelude, K loops of the core, coda
+        elif self.cfg.layout:
+            h = self.recursive_forward(h, pos, caches, rec)
+        else:                                                         # vanilla: every layer once, in order
+            h = self.run_layers(h, self.layers, pos, caches, rec)
+        rec.state("h_out", h)
+        logits = self.lm_head(self.ln_f(h))                           # (B, T, V)
         loss = None
         if targets is not None:
             # in float32 at least (bf16 logits under autocast), in float64 for a float64 model
             logits_loss = logits.to(torch.promote_types(logits.dtype, torch.float32))
             loss = F.cross_entropy(logits_loss.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
+
+    def run_layers(self, h, layers, pos, caches=None, recorder=None, name="layer"):
+        """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1 -> (B, T, C). caches: an iterable
+        with at least one LayerCache (or None) per layer, taken in order; None = no caches. recorder gets
+        each layer's (input, output) as f"{name}{i}"."""
+        cos, sin = self.rotary(pos, h.shape[1], h.dtype, h.device)   # rotary tables for these positions
+        caches = iter(caches if caches is not None else [None] * len(layers))
+        rec = recorder or NO_RECORDER
+        for i, layer in enumerate(layers):
+            h_in, h = h, layer(h, cos, sin, next(caches))
+            rec.update(f"{name}{i}", h_in, h)
+        return h
 
     def rotary(self, pos: int, T: int, dtype, device):
         """Rotary cos/sin tables (T, 1, rot_dim) for positions pos..pos+T-1, for a residual stream of `dtype`.
@@ -599,147 +700,133 @@ class GPT(nn.Module):
         key = (dtype, device)
         if key not in self.rotary_cache:
             cfg = self.cfg
-            tables = rotary_tables(cfg.n_embd // cfg.n_head, cfg.rope_pct, cfg.rope_theta, cfg.block_size, dtype)
+            tables = rotary_tables(
+                cfg.n_embd // cfg.n_head, cfg.rope_pct, cfg.rope_theta, cfg.block_size, dtype
+            )
             self.rotary_cache[key] = tuple(t.to(device) for t in tables)
         cos, sin = self.rotary_cache[key]
         return cos[pos:pos + T], sin[pos:pos + T]
 
-    def run_layers(self, h, layers, pos, caches=None, probes=None, name="layer"):
-        """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1, each with its cache (or no caches)."""
-        cos, sin = self.rotary(pos, h.shape[1], h.dtype, h.device)
-        caches = caches or [None] * len(layers)
-        for i, (layer, layer_cache) in enumerate(zip(layers, caches)):
-            h_in, h = h, layer(h, cos, sin, layer_cache)
-            if probes is not None:
-                probes["blocks"].append((f"{name}{i}", h_in, h))
-        return h
+    # ---- depth: recursive transformers (MeSH paper §3) -------------------------------------------------
 
-    # ---- depth: vanilla and recursive (MeSH paper) -----------------------------
-
-    def depth_forward(self, h_emb, pos=0, cache=None, probes=None):
-        """h_emb (B, T, C) -> coda output (B, T, C), following the MeSH paper §3.1:
+    def recursive_forward(self, h_emb, pos, caches, rec=NO_RECORDER):
+        """h_emb (B, T, C) -> coda output (B, T, C); caches: an iterator of LayerCaches (or Nones), one per
+        layer application in order. The MeSH paper §3.1:
 
             h(0) = f_pre(h_emb);  h(t+1) = f_core(h(t)) + h_sup(t), t = 0..K-1;  h_out = f_coda(h(K))
 
-        with MeSH's transitional write-read forming h(0) and each loop's write-read forming h(t+1).
-        A vanilla stack is all prelude.
-        """
-        p, c, k, q = self.cfg.depth
-        caches = cache.layers if cache is not None else [None] * self.cfg.n_unrolled   # one per application
-        layers = list(self.layers)
-        prelude, core, coda = layers[:p], layers[p:p + c], layers[p + c:]
-        h = self.run_layers(h_emb, prelude, pos, caches[:p], probes, "prelude" if k else "layer")
-        if k == 0:
-            return h
-        buffer = None
-        if self.mesh is not None:       # the MeSH paper's transitional cycle: write h_pre, read h(0)
-            buffer = self.mesh.new_buffer(h_emb)
-            router_in = h if self.cfg.mesh_trans_router_in == "pre" else h_emb
-            buffer, h = self.mesh.write_read(0, buffer, router_in, h)
-        h0 = h
-        if probes is not None:
-            probes["states"]["h(0)"] = h0
-        for t in range(k):
-            h_m = self.run_layers(h, core, pos, caches[p + t * c:p + (t + 1) * c])    # f_core(h(t)), shared weights
-            if probes is not None:
-                probes["blocks"].append((f"core{t}", h, h_m))
-            h, buffer = self.next_state(t, h, h_m, h0, h_emb, buffer)
-            if probes is not None:
-                probes["states"][f"h({t + 1})"] = h
-        return self.run_layers(h, coda, pos, caches[p + k * c:], probes, "coda")
+        h_sup is the state-passing rule (state_mode): 0 (base), h(t) (+residual), h(0) (+anchor), h_emb
+        (+anchor*). MeSH (§3.2, Eq. 3) instead writes into and reads from the slot buffer: a transitional
+        write-read step forms h(0) from the prelude output h_pre, and each loop's write-read forms h(t+1).
 
-    def next_state(self, t, h, h_m, h0, h_emb, buffer):
-        """h(t+1) from the loop input h = h(t) and the core output h_m = f_core(h(t)) (MeSH paper §3.1-3.2).
-        Returns (h(t+1), buffer); the buffer is None except for MeSH."""
-        mode = self.cfg.state_mode
-        if mode == "base":          # h(t+1) = f_core(h(t))
-            return h_m, buffer
-        if mode == "residual":      # h(t+1) = f_core(h(t)) + h(t)
-            return h_m + h, buffer
-        if mode == "anchor":        # h(t+1) = f_core(h(t)) + h(0), h(0) = f_pre(h_emb)
-            return h_m + h0, buffer
-        if mode == "anchor_star":   # h(t+1) = f_core(h(t)) + h_emb
-            return h_m + h_emb, buffer
-        buffer, h_next = self.mesh.write_read(t + 1, buffer, h, h_m)    # MeSH: routers see the step's input h(t)
-        return h_next, buffer
-
-    # ---- time: T²MLR (Jacobi training, exact recurrence) -----------------------
-
-    def split_stack(self):
-        """(lower, middle, upper) layer lists: layers below l_start, l_start..l_end, above l_end."""
-        start, end = self.cfg.recurrent_layers
-        layers = list(self.layers)
-        return layers[:start], layers[start:end + 1], layers[end + 1:]
-
-    def jacobi_forward(self, h_emb, control=None, probes=None):
-        """Parallel T²MLR training (Jacobi sweeps, as the reference trains). h_emb (B, T, C) -> top output (B, T, C).
-
-        A lean form of the reference's pass, with the same values and gradients from the same start: the
-        lower layers run once and their output x is reused by every sweep and by the final pass. There is no
-        extra plain pass through the whole model (the reference runs one first, unmixed, for its warm start)
-        and no recomputation of the lower layers in the final pass (the reference reruns the whole model).
-
-        x = lower(h_emb) once; jacobi_state runs the D-1 Jacobi sweeps from C^(0) to C^(D-1) (the last b
-        with gradient); a final pass of middle + upper uses it. C^(0) = 0 (or the reference's plain start,
-        jacobi_init) is exact at position 0 and every sweep makes one more position exact, so positions
-        < D equal exact recurrence (all of them when D >= T).
-        control (B, T) or None: only tokens with c > 1 are mixed and merged (see recurrent_mask); the others
-        pass x through and write their raw h, so a non-recurrent prompt is exact after the first sweep.
+            slot   step 0 (transitional)      step 1 (loop 1)           step 2 (loop 2)   ...
+            m_0    h_emb + w0_0·h_pre         + w1_0·f_core(h(0))       + w2_0·f_core(h(1))
+            m_1    0     + w0_1·h_pre         + w1_1·f_core(h(0))       + w2_1·f_core(h(1))
+            ...
+                   h(0) = Σ_b r0_b m_b        h(1) = Σ_b r1_b m_b        h(2) = Σ_b r2_b m_b
+            (w_s = softmax of write_routers[s], r_s = softmax of read_routers[s], both per token)
         """
         cfg = self.cfg
-        lower, middle, upper = self.split_stack()
-        x = self.run_layers(h_emb, lower, 0, probes=probes, name="lower")
-        pre = self.gate.precompute(x)                                         # the gate's x half, once
-        recurrent = recurrent_mask(control)                                   # (B, T, 1) or None
-        state = self.jacobi_state(x, pre, recurrent, cfg.jacobi_iters - 1, cfg.jacobi_grad_iters, cfg.jacobi_tol)
-        x_mixed = mix_state(self.gate, x, state, pre, recurrent)              # final pass
-        if probes is not None:
-            probes["blocks"].append(("gate", x, x_mixed))
-        h = self.run_layers(x_mixed, middle, 0, probes=probes, name="middle")
-        return self.run_layers(h, upper, 0, probes=probes, name="upper")
+        # forward the prelude once
+        h = self.run_layers(h_emb, self.prelude, pos, caches, rec, "prelude")
+        if cfg.state_mode == "mesh":    # the transitional step: write h_pre into the slots, read h(0)
+            buffer = h_emb.new_zeros(self.mesh.n_slots, *h_emb.shape)         # (n_slots, B, T, C)
+            buffer[0] = h_emb                                                   # m_0 = h_emb, m_1.. = 0
+            router_in = h if cfg.mesh_trans_router_in == "pre" else h_emb
+            buffer, h = self.mesh.write_read(0, buffer, router_in, h)
+        h0 = h
+        rec.state("h(0)", h0)
+        # loop the core K times: the same weights, each loop with its own KV caches
+        for t in range(self.n_loops):
+            h_core = self.run_layers(h, self.core, pos, caches)                 # f_core(h(t))
+            rec.update(f"core{t}", h, h_core)
+            if cfg.state_mode == "mesh":          # MeSH: write f_core(h(t)), read h(t+1); routers see h(t)
+                buffer, h = self.mesh.write_read(t + 1, buffer, h, h_core)
+            elif cfg.state_mode == "base":        # h(t+1) = f_core(h(t))
+                h = h_core
+            elif cfg.state_mode == "residual":    # h(t+1) = f_core(h(t)) + h(t)
+                h = h_core + h
+            elif cfg.state_mode == "anchor":      # h(t+1) = f_core(h(t)) + h(0)
+                h = h_core + h0
+            else:                                 # anchor_star: h(t+1) = f_core(h(t)) + h_emb
+                h = h_core + h_emb
+            rec.state(f"h({t + 1})", h)
+        # forward the coda once
+        return self.run_layers(h, self.coda, pos, caches, rec, "coda")
 
-    def jacobi_sweep(self, x, state, pre, recurrent):
-        """One Jacobi sweep (a partial iteration in the reference): C -> shift(update_state(middle(gate(x, C)), C)),
-        all positions in parallel. x, state: (B, T, C); pre = gate.precompute(x);
-        recurrent: recurrent_mask(control)."""
-        _, middle, _ = self.split_stack()
-        h = self.run_layers(mix_state(self.gate, x, state, pre, recurrent), middle, 0)
-        return shift_right(write_state(h, state, self.cfg, recurrent))
+    # ---- time: T²MLR (Jacobi training, exact recurrence) ------------------------------------
 
-    def jacobi_start(self, x, pre, recurrent):
-        """C^(0): zeros (jacobi_init "zero", R_{-1} = 0 everywhere), or the reference's warm start ("plain",
-        from its unmixed first pass): C^(0) = shift(h^(0)), h^(0) the middle block's output on x without mixing
-        (one middle pass more). Both are exact at position 0 only. x: (B, T, C) -> (B, T, C)."""
-        if self.cfg.jacobi_init == "zero":
-            return torch.zeros_like(x)
-        _, middle, _ = self.split_stack()
-        return shift_right(self.run_layers(x, middle, 0))
+    def jacobi_forward(self, h_emb, control=None, rec=NO_RECORDER):
+        """Parallel T²MLR training by D Jacobi sweeps. h_emb (B, T, C) -> top output (B, T, C).
+
+        A sweep is one pass of the middle layers over all T positions at once, each position reading the
+        state that the previous sweep wrote for the position before it. The start R^(0) = 0 is exact at
+        position 0, and every sweep makes one more position exact (the exactness front):
+
+            position:    0  1  2  3            R^(d)[t] = the state fed to token t after d sweeps
+            R^(0)        ✓  ·  ·  ·            ✓ = equal to the exact recurrence's R_{t-1}
+            R^(1)        ✓  ✓  ·  ·            sweep d: h = middle(gate(x, R^(d-1))) for all t,
+            R^(2)        ✓  ✓  ✓  ·                     R^(d) = shift_right(update_state(h, R^(d-1)))
+            R^(3)        ✓  ✓  ✓  ✓
+
+        Sweeps 1..D-1 only refine the state; sweep D is the final one, whose middle output goes on to the
+        upper layers, so positions < D of the output are exact (all of them when D >= T). The gradient
+        flows through the final sweep and the b = jacobi_grad_sweeps sweeps before it (b + 1 with autograd).
+        Where it departs from the reference (same values and gradients from the same start): the lower
+        layers run once and x is reused by every sweep and by the final one; the reference first runs one
+        plain pass of the whole model (for its warm start, jacobi_init "plain") and reruns the whole model
+        in the final pass.
+        control (B, T) or None: only tokens with c > 1 are mixed and merged (control flow, above).
+        """
+        cfg = self.cfg
+        # forward the lower layers once: their output x is the same in every sweep
+        x = self.run_layers(h_emb, self.lower, 0, recorder=rec, name="lower")
+        pre = self.gate.precompute(x)                                   # speed-up: the gate's x half, once
+        recurrent = None if control is None else (control > 1).unsqueeze(-1)   # (B, T, 1) or None
+        # sweeps 1..D-1: refine the state of every position in parallel
+        state = self.jacobi_state(
+            x, pre, recurrent, cfg.jacobi_sweeps - 1, cfg.jacobi_grad_sweeps, cfg.jacobi_tol
+        )
+        # sweep D, the final one: mix the state in, forward the middle layers, then the upper layers
+        x_mixed = self.gate(x, state, pre, recurrent)
+        rec.update("gate", x, x_mixed)
+        h = self.run_layers(x_mixed, self.middle, 0, recorder=rec, name="middle")
+        return self.run_layers(h, self.upper, 0, recorder=rec, name="upper")
 
     def jacobi_state(self, x, pre, recurrent, sweeps: int, grad_sweeps: int, tol: float = 0.0):
-        """The state C after `sweeps` Jacobi sweeps from jacobi_start, the last `grad_sweeps` of them with
-        gradient (if grad is enabled; the others, and the start unless every sweep has gradient, without).
-        x (B, T, C) -> C (B, T, C); C[:, t] is the state R_{t-1} fed to token t, exact for t <= sweeps.
+        """The state R^(sweeps) after `sweeps` Jacobi sweeps from the start R^(0); the last `grad_sweeps` of
+        them with gradient (if grad is enabled; the others, and the start unless every sweep has gradient,
+        without). x (B, T, C) -> R (B, T, C); R[:, t] is the state R_{t-1} fed to token t, exact for t <=
+        sweeps.
 
         tol > 0 (jacobi_tol) stops the sweeps without gradient early, once a sweep changed the state by at
-        most tol relative to its RMS: max|C_new - C_old| <= tol · RMS(C_new); the gradient sweeps always
-        run. tol = 0 runs every sweep (bit-identical to no check). The middle-block passes actually run,
-        this call's sweeps plus the final pass (and the plain start's pass), are left in self.jacobi_passes:
-        D with no early stop (D + 1 with the plain start).
+        most tol relative to its RMS: max|R_new - R_old| <= tol · RMS(R_new); the gradient sweeps always
+        run. tol = 0 runs every sweep (bit-identical to no check). The passes of the middle layers actually
+        run, this call's sweeps plus the final sweep (and the plain start's pass), are left in
+        self.jacobi_passes: D with no early stop (D + 1 with the plain start).
+        The start R^(0) (jacobi_init): zeros ("zero", ours), or the reference's warm start ("plain", from its
+        unmixed first pass): R^(0) = shift(h^(0)), h^(0) the middle layers' output on x without mixing (one
+        middle pass more). Both are exact at position 0 only (R_{-1} = 0).
         Sweep checkpointing (jacobi_checkpoint): the gradient sweeps keep only their inputs and recompute
-        their activations in backward (torch.utils.checkpoint), trading one middle pass per sweep for memory."""
+        their activations in backward (torch.utils.checkpoint), trading one middle pass per sweep for
+        memory."""
         grad = torch.is_grad_enabled()
         free = sweeps - min(grad_sweeps, sweeps)                               # sweeps without gradient
-        with torch.set_grad_enabled(grad and grad_sweeps > sweeps):           # the reference detaches h^(0) if b < D
-            state = self.jacobi_start(x, pre, recurrent)
-        passes = 1 + (self.cfg.jacobi_init == "plain")                         # the final pass, the plain start
-        with torch.no_grad():
+        # the reference detaches h^(0) if b < D
+        with torch.set_grad_enabled(grad and grad_sweeps > sweeps):
+            plain = self.cfg.jacobi_init == "plain"
+            # R^(0)
+            state = shift_right(self.run_layers(x, self.middle, 0)) if plain else torch.zeros_like(x)
+        # the final sweep, the plain start
+        passes = 1 + (self.cfg.jacobi_init == "plain")
+        with torch.no_grad():                                                  # the sweeps without gradient
             for _ in range(free):
                 new, passes = self.jacobi_sweep(x, state, pre, recurrent), passes + 1
                 converged = tol > 0 and state_change(new, state) <= tol
                 state = new
-                if converged:
+                if converged:                                                  # jacobi_tol: stop early
                     break
-        for _ in range(sweeps - free):
+        for _ in range(sweeps - free):                                         # the b sweeps with gradient
             if grad and self.cfg.jacobi_checkpoint:
                 state = checkpoint(self.jacobi_sweep, x, state, pre, recurrent, use_reentrant=False)
             else:
@@ -748,45 +835,61 @@ class GPT(nn.Module):
         self.jacobi_passes = passes
         return state
 
-    def exact_forward(self, h_emb, control=None, cache=None, probes=None):
-        """Exact T²MLR recurrence (as the reference evaluates). h_emb (B, T, C) -> top output (B, T, C).
+    def jacobi_sweep(self, x, state, pre, recurrent):
+        """One Jacobi sweep (a "partial iteration" in the reference): R -> shift(update_state(middle(gate(x,
+        R)), R)), all positions in parallel. x, state: (B, T, C); pre = gate.precompute(x); recurrent: (B, T,
+        1) or None."""
+        cfg = self.cfg
+        h = self.run_layers(self.gate(x, state, pre, recurrent), self.middle, 0)         # the middle layers
+        return shift_right(update_state(h, state, cfg.state_residual, cfg.state_detach, recurrent))
 
-        Lower layers run in parallel over all T positions, the middle block token by token with its
-        own KV cache and the recurrent state R (R_{-1} = 0), the upper layers in parallel again. With
-        `cache` (generation), every layer uses its cache and the state continues from cache.state.
+    def exact_forward(self, h_emb, control=None, cache=None, rec=NO_RECORDER):
+        """The exact T²MLR recurrence (as the paper defines it and the reference evaluates). h_emb (B, T, C)
+        -> top output (B, T, C).
+
+        The lower layers run in parallel over all T positions, the middle layers token by token, each
+        token reading the state R_{t-1} written by the token before it (R_{-1} = 0), and the upper layers
+        in parallel again. With `cache` (generation), every layer application uses its own KV cache and
+        the state continues from cache.state; without, a cache for this call is made here.
         control (B, T) or None: tokens with c > 1 are mixed and merged, the others pass through and write
-        their raw h. A span where no row is recurrent needs no state, so it goes through the middle block
+        their raw h. A span where no row is recurrent needs no state, so it goes through the middle layers
         in one parallel chunk (a prompt); recurrent tokens go one at a time.
         """
         cfg = self.cfg
-        lower, middle, upper = self.split_stack()
         B, T, C = h_emb.shape
-        owned = cache is None
-        if owned:
+        if cache is None:
             cache = InferenceCache(len(self.layers), T)
         pos = cache.length
-        a, k = len(lower), len(middle)
-        x = self.run_layers(h_emb, lower, pos, cache.layers[:a], probes, "lower")
-        gates_x, gamma_r, gamma_x = self.gate.precompute(x)  # the gate's x half for all positions at once
-        recurrent = recurrent_mask(control)                  # (B, T, 1) or None
-        state = cache.state if cache.state is not None else x.new_zeros(B, 1, C)
+        caches = iter(cache.layers)                               # one per layer, in order
+        # forward the lower layers over all positions at once
+        x = self.run_layers(h_emb, self.lower, pos, caches, rec, "lower")
+        # the middle layers' caches, grown token by token
+        middle_caches = [next(caches) for _ in self.middle]
+        # speed-up: the gate's x half for all positions
+        gates_x, gamma_r, gamma_x = self.gate.precompute(x)
+        recurrent = None if control is None else (control > 1).unsqueeze(-1)   # (B, T, 1) or None
+        state = cache.state if cache.state is not None else x.new_zeros(B, 1, C)    # R_{t-1}, (B, 1, C)
         outputs = []
-        for t, end in self.recurrence_chunks(recurrent, T):  # the recurrence: one token (or plain span) at a time
+        # the recurrence: one token (or one non-recurrent span) at a time
+        for t, end in self.recurrence_chunks(recurrent, T):
             chunk = recurrent[:, t:end] if recurrent is not None else None
-            x_t = mix_state(self.gate, x[:, t:end], state, (gates_x[:, t:end], gamma_r, gamma_x), chunk)
-            h_t = self.run_layers(x_t, middle, pos + t, cache.layers[a:a + k])
-            state = write_state(h_t[:, -1:], state, cfg, None if chunk is None else chunk[:, -1:])
+            # mix R_{t-1} in
+            x_t = self.gate(x[:, t:end], state, (gates_x[:, t:end], gamma_r, gamma_x), chunk)
+            h_t = self.run_layers(x_t, self.middle, pos + t, middle_caches)      # the middle layers
+            last = None if chunk is None else chunk[:, -1:]
+            state = update_state(h_t[:, -1:], state, cfg.state_residual, cfg.state_detach, last)   # R_t
             outputs.append(h_t)
         cache.state = state
         h = torch.cat(outputs, dim=1)
-        if probes is not None:
-            probes["blocks"].append(("middle", x, h))
-        return self.run_layers(h, upper, pos, cache.layers[a + k:], probes, "upper")
+        rec.update("middle", x, h)
+        # forward the upper layers over all positions at once
+        return self.run_layers(h, self.upper, pos, caches, rec, "upper")
 
     def converged_forward(self, h_emb, control=None, cache=None, tol: float = 0.0):
-        """Parallel Jacobi prefill: exact recurrence computed by Jacobi sweeps over all T positions at once,
-        until the state moves by at most `tol` (relative, see jacobi_state) or after T-1 sweeps, when every
-        position is exact by construction (the exactness front). h_emb (B, T, C) -> top output (B, T, C).
+        """Parallel Jacobi prefill: the exact recurrence computed by Jacobi sweeps over all T positions at
+        once, until the state moves by at most `tol` (relative, see jacobi_state) or after T sweeps, when
+        every position is exact by construction (the exactness front). h_emb (B, T, C) -> top output (B, T,
+        C).
 
         tol = 0 equals exact_forward up to rounding (and jacobi_forward with D = T bit for bit); tol > 0
         trades a bounded error for fewer sweeps. A per-token loop pays per-op latency T times, the sweeps
@@ -794,20 +897,22 @@ class GPT(nn.Module):
         With an empty `cache` it also stores every layer's keys and values and the final state R_{T-1}, so
         decoding continues exactly. Raises ValueError for a cache that already holds positions."""
         if cache is not None and cache.length:
-            raise ValueError(f"mode 'converged' fills an empty cache (a prompt); this one holds {cache.length} "
-                             f"positions: continue it with mode 'exact'")
-        lower, middle, upper = self.split_stack()
-        a, k = len(lower), len(middle)
-        caches = cache.layers if cache is not None else [None] * len(self.layers)
-        x = self.run_layers(h_emb, lower, 0, caches[:a])
+            raise ValueError(
+                f"mode 'converged' fills an empty cache (a prompt); this one holds {cache.length} "
+                f"positions: continue it with mode 'exact'"
+            )
+        cfg = self.cfg
+        caches = iter(cache.layers if cache is not None else [None] * len(self.layers))
+        x = self.run_layers(h_emb, self.lower, 0, caches)                         # the lower layers
         pre = self.gate.precompute(x)
-        recurrent = recurrent_mask(control)
-        state = self.jacobi_state(x, pre, recurrent, h_emb.shape[1] - 1, 0, tol)   # C[:, t] = R_{t-1}
-        h = self.run_layers(mix_state(self.gate, x, state, pre, recurrent), middle, 0, caches[a:a + k])
-        if cache is not None:                    # R_{T-1} = update(h_{T-1}, R_{T-2}), R_{T-2} = C[:, T-1]
+        recurrent = None if control is None else (control > 1).unsqueeze(-1)
+        # sweeps 1..T-1 (or fewer, when converged), then the final sweep writes the middle layers' caches
+        state = self.jacobi_state(x, pre, recurrent, h_emb.shape[1] - 1, 0, tol)   # R[:, t] = R_{t-1}
+        h = self.run_layers(self.gate(x, state, pre, recurrent), self.middle, 0, caches)
+        if cache is not None:                    # R_{T-1} = update(h_{T-1}, R_{T-2}), R_{T-2} = R[:, T-1]
             last = None if recurrent is None else recurrent[:, -1:]
-            cache.state = write_state(h[:, -1:], state[:, -1:], self.cfg, last)
-        return self.run_layers(h, upper, 0, caches[a + k:])
+            cache.state = update_state(h[:, -1:], state[:, -1:], cfg.state_residual, cfg.state_detach, last)
+        return self.run_layers(h, self.upper, 0, caches)                          # the upper layers
 
     @staticmethod
     def recurrence_chunks(recurrent, T):
@@ -866,22 +971,32 @@ class GPT(nn.Module):
         if not temperature >= 0:                  # also NaN
             raise ValueError(f"temperature = {temperature} must be >= 0 (0 = greedy)")
         if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k = {top_k} must be >= 1 (the number of most likely tokens to sample from), "
-                             f"or None for all tokens")
+            raise ValueError(
+                f"top_k = {top_k} must be >= 1 (the number of most likely tokens to sample from), "
+                f"or None for all tokens"
+            )
         window = self.cfg.block_size
         control = torch.full_like(idx, 2 if recurrent_prompt else 1)   # (B, T), grows with idx
+        # process the prompt (its last block_size tokens), filling every layer's KV cache (and T²MLR's state)
         cache = self.new_cache()
-        logits, _ = self(idx[:, -window:], mode=prefill, cache=cache, control=control[:, -window:], tol=prefill_tol)
+        logits, _ = self(
+            idx[:, -window:], mode=prefill, cache=cache, control=control[:, -window:], tol=prefill_tol
+        )
         for step in range(max_new_tokens):
+            # sample the next token from the last position's logits and append it
             idx_next = self.sample_next(logits[:, -1, :], temperature, top_k, generator)
             idx = torch.cat([idx, idx_next], dim=1)
             control = torch.cat([control, torch.full_like(idx_next, 2)], dim=1)   # generated: recurrent
             if step == max_new_tokens - 1:
                 break
-            if idx.shape[1] <= window:            # the cache holds all of idx: feed the new token only
-                logits, _ = self(idx_next, cache=cache, control=control[:, -1:])
-            else:                                 # the window slid: recompute it (exact T²MLR, no cache)
-                logits, _ = self(idx[:, -window:], mode=prefill, control=control[:, -window:], tol=prefill_tol)
+            if idx.shape[1] <= window:
+                # the cache holds all of idx: feed the new token only (T²MLR: exact, continuing the state)
+                logits, _ = self(idx_next, mode="exact", cache=cache, control=control[:, -1:])
+            else:
+                # the window slid: every position moved, so recompute the whole window without a cache
+                logits, _ = self(
+                    idx[:, -window:], mode=prefill, control=control[:, -window:], tol=prefill_tol
+                )
         return idx
 
     @staticmethod
@@ -902,7 +1017,8 @@ class GPT(nn.Module):
             return logits.argmax(dim=-1, keepdim=True)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         diff = logits - logits.amax(dim=-1, keepdim=True)                # <= 0, exactly 0 at the maximum
-        scaled = torch.where(diff == 0, diff, diff / temperature)        # never NaN, even if temperature -> 0 in this dtype
+        # never NaN, even if temperature -> 0 in this dtype
+        scaled = torch.where(diff == 0, diff, diff / temperature)
         if top_k is not None and top_k < logits.size(-1):
             kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
             scaled = scaled.masked_fill(logits < kth, -math.inf)
@@ -912,8 +1028,8 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, **overrides) -> "GPT":
-        """A released Pythia or SmolLM2 model as a GPT: name_or_path is a local Hugging Face folder or a hub id
-        (hf_checkpoint); the config is its config.json plus `overrides` (config_from_hf). The T²MLR paper's
+        """A released Pythia or SmolLM2 model as a GPT: name_or_path is a local Hugging Face folder or a hub
+        id (hf_checkpoint); the config is its config.json plus `overrides` (config_from_hf). The T²MLR paper's
         §3.4 retrofit: GPT.from_pretrained("HuggingFaceTB/SmolLM2-135M", t2mlr=True, l_start=12, l_end=17).
         Its new gate starts as an exact identity (θ_r = θ_x = 0), so at step 0 the logits are the released
         model's. Raises ValueError (unsupported architecture or field, missing or misshapen tensors)."""
@@ -929,16 +1045,27 @@ class GPT(nn.Module):
         try:
             from safetensors.torch import load_file
         except ImportError:
-            raise ValueError("reading Hugging Face weights needs safetensors: pip install safetensors") from None
+            raise ValueError(
+                "reading Hugging Face weights needs safetensors: pip install safetensors"
+            ) from None
         tensors = {}
         for path in weight_files:
             tensors |= load_file(path)
         state, own = state_from_hf(tensors, self.cfg), self.state_dict()
         tied = {"lm_head.weight"} if self.cfg.tie_embeddings else set()
-        problems = ([f"{k} {tuple(v.shape)} vs this model's {tuple(own[k].shape)}" for k, v in state.items()
-                     if k in own and v.shape != own[k].shape]
-                    + [f"{k} is not in this model" for k in state if k not in own]
-                    + [f"{k} is missing" for k in own if k not in state and k not in tied and not k.startswith("gate.")])
+        problems = (
+            [
+                f"{k} {tuple(v.shape)} vs this model's {tuple(own[k].shape)}"
+                for k, v in state.items()
+                if k in own and v.shape != own[k].shape
+            ]
+            + [f"{k} is not in this model" for k in state if k not in own]
+            + [
+                f"{k} is missing"
+                for k in own
+                if k not in state and k not in tied and not k.startswith("gate.")
+            ]
+        )
         if problems:
             more = f" and {len(problems) - 4} more" if len(problems) > 4 else ""
             raise ValueError(f"the checkpoint does not fit this config: {', '.join(problems[:4])}{more}")
@@ -948,8 +1075,8 @@ class GPT(nn.Module):
 
     def param_counts(self) -> dict:
         """Parameter counts (each shared tensor once): total; embedding (token embedding and output head);
-        non_embedding = the transformer layers and final norm (the papers' count, as in the MeSH paper's Table 5);
-        router (MeSH) and gate (T²MLR) separately."""
+        non_embedding = the transformer layers and final norm (the papers' count, as in the MeSH paper's Table
+        5); router (MeSH) and gate (T²MLR) separately."""
         counts = {"total": 0, "embedding": 0, "non_embedding": 0, "router": 0, "gate": 0}
         for name, p in self.named_parameters():
             group = ("embedding" if name.startswith(("wte.", "lm_head.")) else
@@ -963,24 +1090,25 @@ class GPT(nn.Module):
         """Per unique layer, (forward passes, backward passes) in one training step, for FLOP counting.
 
         Plain and recursive: each application once forward and once backward (a core layer K times).
-        T²MLR Jacobi (the lean form, see jacobi_forward): lower 1/1; middle D forward (D-1 sweeps + final),
-        min(b, D-1)+1 backward; upper 1/1. jacobi_init "plain" adds one middle forward (and its backward when
-        every sweep has gradient), jacobi_checkpoint the recomputed forwards of the gradient sweeps;
-        jacobi_tol can only lower the count, so the count is its maximum.
+        T²MLR Jacobi (see jacobi_forward): lower 1/1; middle D forward (D - 1 refining sweeps and the final
+        sweep), min(b, D - 1) + 1 backward; upper 1/1. jacobi_init "plain" adds one middle forward (and its
+        backward when every sweep has gradient), jacobi_checkpoint the recomputed forwards of the gradient
+        sweeps; jacobi_tol can only lower the count, so the count is its maximum.
         """
-        p, c, k, q = self.cfg.depth
-        passes = [(1, 1)] * p + [(k, k)] * c + [(1, 1)] * q
+        n_prelude, n_core, K, n_coda = self.cfg.depth
+        passes = [(1, 1)] * n_prelude + [(K, K)] * n_core + [(1, 1)] * n_coda
         if self.gate is not None:
             cfg = self.cfg
             start, end = cfg.recurrent_layers
-            D, b = cfg.jacobi_iters, cfg.jacobi_grad_iters
+            D, b = cfg.jacobi_sweeps, cfg.jacobi_grad_sweeps
             grad_sweeps, plain = min(b, D - 1), cfg.jacobi_init == "plain"
             middle = (D + plain + grad_sweeps * cfg.jacobi_checkpoint, grad_sweeps + 1 + (plain and b >= D))
             passes = [middle if start <= i <= end else (1, 1) for i in range(len(passes))]
         return passes
 
     def train_flops_per_token(self, T: Optional[int] = None) -> float:
-        """FLOPs of one training step (forward + backward) per token at sequence length T (default block_size).
+        """FLOPs of one training step (forward + backward) per token at sequence length T (default
+        block_size).
 
         A layer forward costs 2·N_layer + 4·C·T per token (matmuls plus attention scores and values, as
         nanoGPT/PaLM count it) and its backward twice that; the output head 6·C·V. Looped layers and
@@ -988,14 +1116,15 @@ class GPT(nn.Module):
         """
         cfg = self.cfg
         T = T or cfg.block_size
-        n_layer = sum(p.numel() for p in self.layers[0].parameters())
-        layer_fwd = 2 * n_layer + 4 * cfg.n_embd * T
-        flops = sum((f + 2 * b) * layer_fwd for f, b in self.layer_passes())
+        params_per_layer = sum(p.numel() for p in self.layers[0].parameters())
+        layer_fwd = 2 * params_per_layer + 4 * cfg.n_embd * T
+        flops = sum((fwd + 2 * bwd) * layer_fwd for fwd, bwd in self.layer_passes())
         if self.gate is not None:
             start, _ = self.cfg.recurrent_layers
-            f, b = self.layer_passes()[start]
+            fwd, bwd = self.layer_passes()[start]
             per_pass = sum(p.numel() for p in (*self.gate.proj.parameters(), *self.gate.gates_r.parameters()))
-            flops += (f + 2 * b) * 2 * per_pass          # W_p and the r half with every pass of the middle block
+            # W_p and the r half with every pass of the middle layers
+            flops += (fwd + 2 * bwd) * 2 * per_pass
             flops += 6 * sum(p.numel() for p in self.gate.gates_x.parameters())   # the x half once
         if self.mesh is not None:
             flops += 6 * sum(p.numel() for p in self.mesh.parameters())
@@ -1011,7 +1140,7 @@ class GPT(nn.Module):
 
 # -----------------------------------------------------------------------------
 # Released checkpoints: Pythia (GPTNeoXForCausalLM) and SmolLM2 (LlamaForCausalLM) as Hugging Face saves them.
-# Our neox and llama blocks are those architectures (test_pretrained.py checks the logits against
+# Our neox and llama layers are those architectures (test_pretrained.py checks the logits against
 # `transformers`), so a released model is a GPTConfig plus renamed tensors. Read with `safetensors` only.
 
 def hf_checkpoint(name_or_path: str):
@@ -1021,8 +1150,10 @@ def hf_checkpoint(name_or_path: str):
     folder = name_or_path
     if not os.path.isdir(folder):
         if os.path.exists(folder) or folder.startswith((".", "/")):
-            raise ValueError(f"{name_or_path!r} is not a folder: give a folder holding config.json and *.safetensors, "
-                             f"or a hub id such as 'HuggingFaceTB/SmolLM2-135M'")
+            raise ValueError(
+                f"{name_or_path!r} is not a folder: give a folder holding config.json and *.safetensors, "
+                f"or a hub id such as 'HuggingFaceTB/SmolLM2-135M'"
+            )
         try:
             from huggingface_hub import snapshot_download
         except ImportError:
@@ -1036,8 +1167,11 @@ def hf_checkpoint(name_or_path: str):
     config_path = os.path.join(folder, "config.json")
     weights = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not os.path.isfile(config_path) or not weights:
-        raise ValueError(f"{name_or_path!r} holds no {'config.json' if not os.path.isfile(config_path) else '*.safetensors'}"
-                         f" (pytorch_model.bin is not read: save the model with safetensors)")
+        raise ValueError(
+            f"{name_or_path!r} holds no "
+            f"{'config.json' if not os.path.isfile(config_path) else '*.safetensors'}"
+            f" (pytorch_model.bin is not read: save the model with safetensors)"
+        )
     with open(config_path) as f:
         return json.load(f), weights
 
@@ -1048,8 +1182,9 @@ def config_from_hf(hf: dict, **overrides) -> GPTConfig:
     and the transformers 5 ones (rope_parameters). The token embeddings are not scaled (embed_scale=False).
 
     Raises ValueError, naming the field, for an architecture other than GPTNeoXForCausalLM / LlamaForCausalLM
-    and for any setting these blocks do not have: RoPE scaling, sliding windows, sequential NeoX residuals,
-    biases on LLaMA linears (or none on NeoX's), another activation, dropout, a head_dim != n_embd / n_head."""
+    and for any setting these layers do not have: RoPE scaling, sliding windows, sequential NeoX residuals,
+    biases on LLaMA linears (or none on NeoX's), another activation, dropout, a head_dim != n_embd /
+    n_head."""
     arch = (hf.get("architectures") or [hf.get("model_type", "?")])[0]
     rope = hf.get("rope_parameters") or {}
     scaling = hf.get("rope_scaling") or {}
@@ -1065,8 +1200,10 @@ def config_from_hf(hf: dict, **overrides) -> GPTConfig:
                      "attention_bias": (hf.get("attention_bias", True), True)}
         cfg = dict(flavour="neox", n_kv_head=n_head, norm_eps=hf.get("layer_norm_eps", 1e-5), bias=True,
                    rope_theta=rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0)),
-                   rope_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)))   # GPT-NeoX's default
-    elif arch == "LlamaForCausalLM":            # SmolLM2: sequential residual, RMSNorm, SwiGLU, GQA, no biases
+                   # GPT-NeoX's default
+                   rope_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)))
+    # SmolLM2: sequential residual, RMSNorm, SwiGLU, GQA, no biases
+    elif arch == "LlamaForCausalLM":
         expected |= {"hidden_act": (hf.get("hidden_act"), "silu"),
                      "attention_bias": (hf.get("attention_bias", False), False),
                      "mlp_bias": (hf.get("mlp_bias", False), False)}
@@ -1074,14 +1211,23 @@ def config_from_hf(hf: dict, **overrides) -> GPTConfig:
                    norm_eps=hf.get("rms_norm_eps", 1e-6), rope_pct=rope.get("partial_rotary_factor", 1.0),
                    rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
     else:
-        raise ValueError(f"architecture {arch!r} is not supported; from_pretrained reads GPTNeoXForCausalLM (Pythia) "
-                         f"and LlamaForCausalLM (SmolLM2)")
+        raise ValueError(
+            f"architecture {arch!r} is not supported; from_pretrained reads GPTNeoXForCausalLM (Pythia) "
+            f"and LlamaForCausalLM (SmolLM2)"
+        )
     for field, (value, ours) in expected.items():
         if value != ours:
-            raise ValueError(f"{arch}: {field} = {value!r} is not supported (these blocks have {ours!r})")
-    cfg |= dict(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"],
-                n_layer=hf["num_hidden_layers"], n_head=n_head, n_embd=n_embd, mlp_hidden=hf["intermediate_size"],
-                tie_embeddings=hf.get("tie_word_embeddings", False), embed_scale=False)
+            raise ValueError(f"{arch}: {field} = {value!r} is not supported (these layers have {ours!r})")
+    cfg |= dict(
+        vocab_size=hf["vocab_size"],
+        block_size=hf["max_position_embeddings"],
+        n_layer=hf["num_hidden_layers"],
+        n_head=n_head,
+        n_embd=n_embd,
+        mlp_hidden=hf["intermediate_size"],
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        embed_scale=False,
+    )
     return GPTConfig(**(cfg | overrides))
 
 
@@ -1089,14 +1235,30 @@ def config_from_hf(hf: dict, **overrides) -> GPTConfig:
 # (after "layers.{i}."). Several names mapped to one of ours (q/k/v -> attn.qkv, gate/up -> mlp.up) are fused
 # by concatenating their rows in the order they appear here.
 HF_LAYER_NAMES = {
-    "neox": {"input_layernorm": "ln1", "post_attention_layernorm": "ln2", "attention.dense": "attn.proj",
-             "attention.query_key_value": "attn.qkv", "mlp.dense_h_to_4h": "mlp.up", "mlp.dense_4h_to_h": "mlp.down"},
-    "llama": {"input_layernorm": "ln1", "post_attention_layernorm": "ln2", "self_attn.o_proj": "attn.proj",
-              "self_attn.q_proj": "attn.qkv", "self_attn.k_proj": "attn.qkv", "self_attn.v_proj": "attn.qkv",
-              "mlp.gate_proj": "mlp.up", "mlp.up_proj": "mlp.up", "mlp.down_proj": "mlp.down"},
+    "neox": {
+        "input_layernorm": "ln1",
+        "post_attention_layernorm": "ln2",
+        "attention.dense": "attn.proj",
+        "attention.query_key_value": "attn.qkv",
+        "mlp.dense_h_to_4h": "mlp.up",
+        "mlp.dense_4h_to_h": "mlp.down",
+    },
+    "llama": {
+        "input_layernorm": "ln1",
+        "post_attention_layernorm": "ln2",
+        "self_attn.o_proj": "attn.proj",
+        "self_attn.q_proj": "attn.qkv",
+        "self_attn.k_proj": "attn.qkv",
+        "self_attn.v_proj": "attn.qkv",
+        "mlp.gate_proj": "mlp.up",
+        "mlp.up_proj": "mlp.up",
+        "mlp.down_proj": "mlp.down",
+    },
 }
-HF_TOP_NAMES = {"neox": {"gpt_neox.embed_in": "wte", "gpt_neox.final_layer_norm": "ln_f", "embed_out": "lm_head"},
-                "llama": {"model.embed_tokens": "wte", "model.norm": "ln_f", "lm_head": "lm_head"}}
+HF_TOP_NAMES = {
+    "neox": {"gpt_neox.embed_in": "wte", "gpt_neox.final_layer_norm": "ln_f", "embed_out": "lm_head"},
+    "llama": {"model.embed_tokens": "wte", "model.norm": "ln_f", "lm_head": "lm_head"},
+}
 HF_LAYER_PREFIX = {"neox": "gpt_neox.layers.", "llama": "model.layers."}
 # buffers that old NeoX checkpoints saved (the causal mask, rotary frequencies): recomputed here, never read
 HF_IGNORED = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
@@ -1104,7 +1266,8 @@ HF_IGNORED = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq
 
 def neox_qkv_rows(t, n_head):
     """NeoX's fused query_key_value stores its rows per head, [q_h, k_h, v_h] for h = 0..n_head-1; ours
-    stores [q_0..q_{n-1}, k_0.., v_0..]. t: weight (3C, C) or bias (3C,) -> the same tensor, rows regrouped."""
+    stores [q_0..q_{n-1}, k_0.., v_0..]. t: weight (3C, C) or bias (3C,) -> the same tensor, rows
+    regrouped."""
     return t.unflatten(0, (n_head, 3, -1)).transpose(0, 1).flatten(0, 2)
 
 
@@ -1135,8 +1298,10 @@ def state_from_hf(tensors: dict, cfg: GPTConfig) -> dict:
     state = {key: torch.cat([t for _, t in sorted(p, key=lambda x: x[0])]) for key, p in pieces.items()}
     if cfg.tie_embeddings and "lm_head.weight" in state:
         if not torch.equal(state.pop("lm_head.weight"), state.get("wte.weight")):
-            raise ValueError("the config ties the output head to the embedding (tie_word_embeddings), but the "
-                             "checkpoint's lm_head differs from its embedding")
+            raise ValueError(
+                "the config ties the output head to the embedding (tie_word_embeddings), but the "
+                "checkpoint's lm_head differs from its embedding"
+            )
     return state
 
 
@@ -1149,21 +1314,24 @@ def summary(cfg: GPTConfig) -> str:
     with torch.device("meta"):
         model = GPT(cfg)
     counts = model.param_counts()
-    p, c, k, q = cfg.depth
+    K = cfg.depth[2]
     layout = cfg.layout or f"{cfg.n_layer} layers (vanilla)"
     lines = [
         f"flavour            {cfg.flavour}",
-        f"layout             {layout}" + (f", state_mode {cfg.state_mode}" if k else ""),
+        f"layout             {layout}" + (f", state_mode {cfg.state_mode}" if K else ""),
         f"unique layers      {cfg.n_unique}",
         f"unrolled depth     {cfg.n_unrolled}",
         f"total params       {counts['total']:,}",
         f"non-embedding      {counts['non_embedding']:,}",
     ]
     if model.mesh is not None:
-        lines.append(f"router params      {counts['router']:,} (+{model.mesh.n_slots} slots, {k + 1} steps)")
+        lines.append(f"router params      {counts['router']:,} (+{model.mesh.n_slots} slots, {K + 1} steps)")
     if model.gate is not None:
         start, end = cfg.recurrent_layers
-        lines.append(f"T²MLR gate params  {counts['gate']:,} (layers {start}..{end}, D={cfg.jacobi_iters}, b={cfg.jacobi_grad_iters})")
+        lines.append(
+            f"T²MLR gate params  {counts['gate']:,} (layers {start}..{end}, D={cfg.jacobi_sweeps}, "
+            f"b={cfg.jacobi_grad_sweeps})"
+        )
     lines.append(f"train FLOPs/token  {model.train_flops_per_token():,.0f} at T={cfg.block_size}")
     return "\n".join(lines)
 
@@ -1171,7 +1339,8 @@ def summary(cfg: GPTConfig) -> str:
 if __name__ == "__main__":
     import sys
     from configurator import ConfigError, load_config
-    try:   # config files hold training keys too: skipped here (train.py checks them), so train.py is not imported
+    # config files hold training keys too: skipped here (train.py checks them), so train.py is not imported
+    try:
         (model_cfg,), _ = load_config(sys.argv[1:], GPTConfig, skip_unknown=True)
     except (ConfigError, ValueError) as e:
         sys.exit(f"error: {e}")

@@ -138,13 +138,16 @@ class HFTokenizer:
 
 
 def hf_tokenizer(name):
-    """HFTokenizer for "hf:<hub id or folder>": tokenizer.json (and tokenizer_config.json / config.json for the
-    EOS) from a local folder, or from the hub through huggingface_hub. Raises DataError naming what is missing."""
+    """HFTokenizer for "hf:<hub id or folder>": tokenizer.json (and tokenizer_config.json / config.json for
+    the EOS) from a local folder, or from the hub through huggingface_hub. Raises DataError naming what is
+    missing."""
     source = name[3:]
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise DataError(f"the tokenizer {name!r} needs the tokenizers library: pip install tokenizers") from None
+        raise DataError(
+            f"the tokenizer {name!r} needs the tokenizers library: pip install tokenizers"
+        ) from None
     folder = Path(source)
     if not folder.is_dir():                         # a hub id: fetch the three small files in one call
         try:
@@ -155,14 +158,21 @@ def hf_tokenizer(name):
         try:
             folder = Path(snapshot_download(source, allow_patterns=["tokenizer.json", "tokenizer_config.json",
                                                                     "config.json"]))
-        except Exception:                           # offline, unknown repo: reported below as no tokenizer.json
+        # offline, unknown repo: reported below as no tokenizer.json
+        except Exception:
             pass
     files = {file: folder / file for file in ("tokenizer.json", "tokenizer_config.json", "config.json")
              if (folder / file).is_file()}
     if "tokenizer.json" not in files:
-        where = "the folder" if Path(source).is_dir() else "no local folder of that name, and the hub did not provide it"
-        raise DataError(f"no tokenizer.json for {source!r} ({where}): give a folder holding tokenizer.json, or a hub id "
-                        f"(online)")
+        where = (
+            "the folder"
+            if Path(source).is_dir()
+            else "no local folder of that name, and the hub did not provide it"
+        )
+        raise DataError(
+            f"no tokenizer.json for {source!r} ({where}): give a folder holding tokenizer.json, or a hub id "
+            f"(online)"
+        )
     tokenizer = Tokenizer.from_file(str(files["tokenizer.json"]))
     eos = None
     if "tokenizer_config.json" in files:
@@ -172,8 +182,10 @@ def hf_tokenizer(name):
     if eot is None and "config.json" in files:
         eot = json.loads(files["config.json"].read_text()).get("eos_token_id")
     if not isinstance(eot, int):
-        raise DataError(f"{source!r} names no end-of-text token: tokenizer_config.json has no eos_token in the "
-                        f"vocabulary, and config.json no eos_token_id")
+        raise DataError(
+            f"{source!r} names no end-of-text token: tokenizer_config.json has no eos_token in the "
+            f"vocabulary, and config.json no eos_token_id"
+        )
     return HFTokenizer(name, tokenizer, eot)
 
 
@@ -202,8 +214,10 @@ def get_tokenizer(name):
         cache = os.environ.get("TIKTOKEN_CACHE_DIR", "<unset>")
         reason = " ".join(str(e).split())[:160]
         raise DataError(
-            f"tiktoken could not load the gpt2 vocabulary (offline?): set TIKTOKEN_CACHE_DIR to the absolute path "
-            f"of a folder holding the cached files, e.g. shared/tiktoken_cache (now TIKTOKEN_CACHE_DIR={cache}), "
+            "tiktoken could not load the gpt2 vocabulary (offline?): set TIKTOKEN_CACHE_DIR to the "
+            "absolute path "
+            "of a folder holding the cached files, e.g. shared/tiktoken_cache (now "
+            f"TIKTOKEN_CACHE_DIR={cache}), "
             f"or use --tokenizer byte [{type(e).__name__}: {reason}]"
         ) from e
     return TiktokenTokenizer(encoding)
@@ -236,7 +250,9 @@ def read_input_file(path):
                     try:
                         yield json.loads(line)["text"]
                     except (json.JSONDecodeError, KeyError, TypeError) as e:
-                        raise DataError(f"{path}:{line_no}: expected a JSON object with a 'text' field ({e!r})")
+                        raise DataError(
+                            f"{path}:{line_no}: expected a JSON object with a 'text' field ({e!r})"
+                        )
         elif kind == ".parquet":
             yield from read_parquet_texts(path)
         else:  # .txt
@@ -261,7 +277,9 @@ def read_parquet_texts(path):
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise DataError("reading parquet (FineWeb-Edu or --input *.parquet) needs pyarrow: pip install pyarrow")
+        raise DataError(
+            "reading parquet (FineWeb-Edu or --input *.parquet) needs pyarrow: pip install pyarrow"
+        )
     try:
         parquet = pq.ParquetFile(path)
         if "text" not in parquet.schema_arrow.names:
@@ -280,7 +298,9 @@ def read_pydoc():
     try:
         from pydoc_data.topics import topics
     except ImportError:
-        raise DataError("this Python has no pydoc_data module (some distributions strip it); use --input FILE")
+        raise DataError(
+            "this Python has no pydoc_data module (some distributions strip it); use --input FILE"
+        )
     for key in sorted(topics):
         yield topics[key]
 
@@ -296,7 +316,8 @@ def download_fineweb_shard(shard, dest_dir):
         dest = Path(dest_dir) / shard
         if not dest.exists():
             part = dest.with_name(dest.name + ".part")
-            with urllib.request.urlopen(url, timeout=60) as response:  # nothing is created before this succeeds
+            # nothing is created before this succeeds
+            with urllib.request.urlopen(url, timeout=60) as response:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     with open(part, "wb") as f:
@@ -447,7 +468,9 @@ class SplitWriter:
             self.docs["train"] -= len(self.smallest_docs)
             self.docs["val"] += len(self.smallest_docs)
         if self.docs["train"] == 0:
-            raise DataError("every document landed in val (they are all copies of one text); add more documents")
+            raise DataError(
+                "every document landed in val (they are all copies of one text); add more documents"
+            )
         for split in ("train", "val"):
             size = self.tmp[split].stat().st_size
             assert size == self.tokens[split] * np.dtype(self.dtype).itemsize, f"{split}: {size} bytes"
@@ -524,8 +547,10 @@ def prepare(sources, tokenizer, out_dir, val_fraction=0.005, max_tokens=None, nu
             "train_docs": writer.docs["train"],
             "val_docs": writer.docs["val"],
             "sources": [name for (name, _), n in zip(sources, docs_per_source) if n > 0],
-            "split": ("a document goes to val when blake2b-64(its UTF-8 text) / 2**64 < val_fraction, else to "
-                      "train; if no document does, the one(s) with the smallest hash go to val"),
+            "split": (
+                "a document goes to val when blake2b-64(its UTF-8 text) / 2**64 < val_fraction, else to "
+                "train; if no document does, the one(s) with the smallest hash go to val"
+            ),
             "val_fraction": val_fraction,
             "layout": "documents in input order, one EOT token after each; empty documents skipped",
             "max_tokens": max_tokens,
@@ -576,17 +601,30 @@ def parse_args(argv=None):
     p.add_argument("--input", nargs="+", default=None, metavar="FILE",
                    help=f"local files instead of a built-in source ({', '.join(INPUT_EXTENSIONS)}); "
                         f"jsonl/parquet use the 'text' field, a .txt file is one document")
-    p.add_argument("--tokenizer", default="gpt2", help="gpt2 (tiktoken, the default), byte, or hf:<hub id or folder> "
-                                                      "(a released model's tokenizer.json, e.g. hf:HuggingFaceTB/SmolLM2-135M)")
+    p.add_argument(
+        "--tokenizer",
+        default="gpt2",
+        help="gpt2 (tiktoken, the default), byte, or hf:<hub id or folder> "
+        "(a released model's tokenizer.json, e.g. hf:HuggingFaceTB/SmolLM2-135M)",
+    )
     p.add_argument("--name", default=None,
                    help="dataset folder name (default: fineweb_edu, pydoc, or the first --input file's stem)")
     p.add_argument("--out_dir", default="data", help="outputs go to OUT_DIR/NAME/ (default: data)")
     p.add_argument("--max_tokens", type=int, default=None,
                    help="stop before the document that would exceed this many tokens (default: everything)")
-    p.add_argument("--val_fraction", type=float, default=None,
-                   help="expected fraction of documents in val (default 0.005; 0.05 for pydoc, whose 79 documents "
-                        "would otherwise leave one ~800-token topic, shorter than a 1024-token context)")
-    p.add_argument("--num_proc", type=int, default=min(os.cpu_count() or 1, 8), help="tokenizer processes (default: min(cpu count, 8))")
+    p.add_argument(
+        "--val_fraction",
+        type=float,
+        default=None,
+        help="expected fraction of documents in val (default 0.005; 0.05 for pydoc, whose 79 documents "
+        "would otherwise leave one ~800-token topic, shorter than a 1024-token context)",
+    )
+    p.add_argument(
+        "--num_proc",
+        type=int,
+        default=min(os.cpu_count() or 1, 8),
+        help="tokenizer processes (default: min(cpu count, 8))",
+    )
     return p.parse_args(argv)
 
 
@@ -600,11 +638,13 @@ def main(argv=None):
             input_kind(path)
             if not Path(path).is_file():
                 raise DataError(f"input file not found: {path}")
-        for path in args.input:  # before the old meta.json is deleted: a bad input must leave the old dataset usable.
+        # before the old meta.json is deleted: a bad input must leave the old dataset usable.
+        for path in args.input:
             # any() stops at the first non-empty document, so only an empty file is read to its end here.
             if not any(isinstance(text, str) and text.strip() for text in read_input_file(path)):
                 raise DataError(f"no non-empty documents in: {path}")
-    tokenizer = get_tokenizer(args.tokenizer)  # fails early (e.g. no vocabulary files) before touching outputs
+    # fails early (e.g. no vocabulary files) before touching outputs
+    tokenizer = get_tokenizer(args.tokenizer)
     if args.input:
         first = Path(args.input[0]).name
         name = args.name or first[: len(first) - len(input_kind(first))]  # "a/b.jsonl.gz" -> "b"

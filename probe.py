@@ -2,24 +2,25 @@
 See inside a trained model: MeSH's three diagnostics of the hidden states (MeSH paper §4.1, Fig. 1),
 for every variant of model.py (vanilla, base / residual / anchor / anchor* / mesh recursion, T²MLR).
 
-    python probe.py out/tiny_mesh/ckpt.pt                     # 64 val sequences, writes next to the checkpoint
+    python probe.py out/tiny_mesh/ckpt.pt                     # 64 val sequences, written next to ckpt.pt
     python probe.py out/tiny_mesh/ckpt.pt --num_seqs 500 --out assets   # the paper used 500 sequences
 
-On N validation windows of block_size tokens (the fixed, evenly strided windows of train.val_starts), it measures
+On N validation windows of block_size tokens (the fixed, evenly strided windows of train.val_starts), it
+measures
 
-(a) computational skew: the relative update r = 2‖f(h) − h‖_F / (‖f(h)‖_F + ‖h‖_F) of every block application,
-    per sequence (Frobenius norm over the T×C matrix), mean ± std over sequences. Blocks: recursive models as the
-    paper (the whole prelude, each core loop with f(h) = the core output before any state passing, the whole
-    coda); vanilla per layer; T²MLR per layer plus the gate, once with the recurrent state and once with it
-    zeroed (R ≡ 0, so the difference is what the state contributes);
+(a) computational skew: the relative update r = 2‖f(h) − h‖_F / (‖f(h)‖_F + ‖h‖_F) of every unit applied
+    (the Recorder's updates), per sequence (Frobenius norm over the T×C matrix), mean ± std over sequences.
+    Units: recursive models as the paper (the whole prelude, each core loop with f(h) = the core output before
+    any state passing, the whole coda); vanilla per layer; T²MLR per layer plus the gate, once with the
+    recurrent state and once with it zeroed (R ≡ 0, so the difference is what the state contributes);
 (b) CKA between every pair of probed states, per sequence (tokens are the rows), averaged: RBF kernel with the
     median heuristic as the paper (Kornblith et al. 2019) and linear CKA;
 (c) the normalised singular values σ_i/σ_0 (top 50) of each raw state matrix, and its effective rank
     exp(H(σ/Σσ)).
 
-States: h_emb, h(0) .. h(K), h_out for recursive models (forward(probes=...)); h_emb and every layer's output
-(the last is h_out) for vanilla and T²MLR. Writes OUT/probe.json and, if matplotlib is installed,
-OUT/probe_skew.png, OUT/probe_cka.png, OUT/probe_spectra.png. All the math is in float64.
+States: h_emb, h(0) .. h(K), h_out for recursive models (forward(recorder=Recorder())); h_emb and every
+layer's output (the last is h_out) for vanilla and T²MLR. Writes OUT/probe.json and, if matplotlib is
+installed, OUT/probe_skew.png, OUT/probe_cka.png, OUT/probe_spectra.png. All the math is in float64.
 """
 
 import argparse
@@ -29,7 +30,7 @@ import sys
 
 import torch
 
-from model import GPTConfig, shift_right, update_state
+from model import GPTConfig, Recorder, shift_right, update_state
 from train import RunError, get_batch, load_meta, load_model, val_starts
 
 
@@ -51,8 +52,10 @@ def rbf_gram(x, threshold=1.0):
     x: (B, T, C) -> (B, T, T)."""
     x = x.double()
     sq_dist = torch.cdist(x, x).pow(2)                                     # (B, T, T)
-    flat = sq_dist.flatten(1)                                              # the median as np.median: for an even
-    n = flat.shape[1]                                                      # count, the mean of the two middle values
+    # the median as np.median: for an even
+    flat = sq_dist.flatten(1)
+    # count, the mean of the two middle values
+    n = flat.shape[1]
     median = (flat.kthvalue((n + 1) // 2, dim=1).values + flat.kthvalue(n // 2 + 1, dim=1).values) / 2
     sigma2 = threshold ** 2 * median                                       # (B,)
     return torch.exp(-sq_dist / (2 * sigma2.clamp_min(1e-300)[:, None, None]))
@@ -85,7 +88,8 @@ def cka_matrix(grams):
 
 
 def cka(x, y, kernel="rbf"):
-    """CKA between two batches of state matrices x, y: (B, T, C) and (B, T, C') -> (B,). kernel: 'rbf' or 'linear'."""
+    """CKA between two batches of state matrices x, y: (B, T, C) and (B, T, C') -> (B,). kernel: 'rbf' or
+    'linear'."""
     gram = rbf_gram if kernel == "rbf" else linear_gram
     return cka_matrix(torch.stack([gram(x), gram(y)]))[:, 0, 1]
 
@@ -103,46 +107,50 @@ def effective_rank(sigma):
 
 
 # -----------------------------------------------------------------------------
-# What is probed: blocks (name, input, output) and states, for one batch of sequences
+# What is probed: units (name, input, output) and states, for one batch of sequences
 
-def grouped(blocks, prefix, name):
-    """Merge consecutive per-layer blocks prefix0, prefix1, ... into one block (name, first input, last output),
-    or [] when there are none (the paper treats the prelude and the coda each as one block)."""
-    part = [b for b in blocks if b[0].startswith(prefix)]
+def grouped(units, prefix, name):
+    """Merge consecutive per-layer units prefix0, prefix1, ... into one unit (name, first input, last
+    output), or [] when there are none (the paper treats the prelude and the coda each as one block)."""
+    part = [b for b in units if b[0].startswith(prefix)]
     return [(name, part[0][1], part[-1][2])] if part else []
 
 
 @torch.no_grad()
 def depth_probe(model, idx):
-    """Vanilla and recursive models. idx (B, T) -> (blocks [(name, h, f(h))], states {name: (B, T, C)})."""
-    probes = {}
-    model(idx, probes=probes)
-    blocks, states = probes["blocks"], probes["states"]
+    """Vanilla and recursive models. idx (B, T) -> (units [(name, h, f(h))], states {name: (B, T, C)})."""
+    rec = Recorder()
+    model(idx, recorder=rec)
+    units, states = rec.updates, rec.states
     if model.cfg.depth[2] == 0:     # vanilla: every layer is a block and its output a state
-        states = {"h_emb": states["h_emb"]} | {name: out for name, _, out in blocks[:-1]} | {"h_out": states["h_out"]}
-        return blocks, states
-    cores = [b for b in blocks if b[0].startswith("core")]
-    return grouped(blocks, "prelude", "prelude") + cores + grouped(blocks, "coda", "coda"), states
+        states = (
+            {"h_emb": states["h_emb"]}
+            | {name: out for name, _, out in units[:-1]}
+            | {"h_out": states["h_out"]}
+        )
+        return units, states
+    cores = [b for b in units if b[0].startswith("core")]
+    return grouped(units, "prelude", "prelude") + cores + grouped(units, "coda", "coda"), states
 
 
 @torch.no_grad()
 def t2mlr_probe(model, idx):
-    """T²MLR in exact mode, per layer. idx (B, T) -> (blocks, blocks with R ≡ 0, states).
+    """T²MLR in exact mode, per layer. idx (B, T) -> (units, units with R ≡ 0, states).
 
-    forward(probes=...) in exact mode reports the middle block as one unit, so it is split here: given the
+    forward(recorder=...) in exact mode reports the middle layers as one unit, so it is split here: given the
     gate outputs x'_t = gate(x_t, R_{t−1}) of all positions, the token-by-token pass through the middle layers
     (each token attending to the cached keys of earlier tokens) equals one causal parallel pass over x'. The
     states R_t follow from the middle outputs h_t by the model's own update_state (the T²MLR reference code's
     R_t = s·(h_t + R_{t−1}) with a clamped stop-gradient RMS scale s). The result is checked against the exact
-    forward. Block names use global layer indices, "gate" sits before l_start.
+    forward. Unit names use global layer indices, "gate" sits before l_start.
     """
     cfg = model.cfg
     start, end = cfg.recurrent_layers
-    _, middle, upper = model.split_stack()
-    probes = {}
-    model(idx, mode="exact", probes=probes)
-    lower_blocks = [(f"layer{i}", h, f_h) for i, (_, h, f_h) in enumerate(probes["blocks"][:start])]
-    x, h_middle = next((h, f_h) for name, h, f_h in probes["blocks"] if name == "middle")
+    middle, upper = model.middle, model.upper
+    rec = Recorder()
+    model(idx, mode="exact", recorder=rec)
+    lower_units = [(f"layer{i}", h, f_h) for i, (_, h, f_h) in enumerate(rec.updates[:start])]
+    x, h_middle = next((h, f_h) for name, h, f_h in rec.updates if name == "middle")
     r, states_r = x.new_zeros(x.shape[0], 1, x.shape[2]), []
     for t in range(x.shape[1]):                          # R_t = update(h_t, R_{t-1}), R_{-1} = 0
         r = update_state(h_middle[:, t:t + 1], r, cfg.state_residual, cfg.state_detach)
@@ -150,21 +158,28 @@ def t2mlr_probe(model, idx):
     r_prev = shift_right(torch.cat(states_r, dim=1))     # R_{t-1} at position t
 
     def upper_part(r_prev):
-        """gate, middle layers and upper layers, each as a block, with the recurrent state r_prev (B, T, C)."""
-        run = {"blocks": []}
+        """gate, middle layers and upper layers, each as a block, with the recurrent state r_prev (B, T,
+        C)."""
+        run = Recorder()
         x_mixed = model.gate(x, r_prev)
-        h = model.run_layers(x_mixed, middle, 0, probes=run)
-        model.run_layers(h, upper, 0, probes=run)
-        return [("gate", x, x_mixed)] + [(f"layer{start + i}", h, f_h) for i, (_, h, f_h) in enumerate(run["blocks"])]
+        h = model.run_layers(x_mixed, middle, 0, recorder=run)
+        model.run_layers(h, upper, 0, recorder=run)
+        return [("gate", x, x_mixed)] + [
+            (f"layer{start + i}", h, f_h) for i, (_, h, f_h) in enumerate(run.updates)
+        ]
 
-    blocks, blocks_no_state = lower_blocks + upper_part(r_prev), lower_blocks + upper_part(torch.zeros_like(x))
-    h_check = blocks[start + len(middle)][2]             # the output of layer l_end
+    units, units_no_state = lower_units + upper_part(r_prev), lower_units + upper_part(
+        torch.zeros_like(x)
+    )
+    h_check = units[start + len(middle)][2]             # the output of layer l_end
     if not torch.allclose(h_check, h_middle, rtol=1e-4, atol=1e-4 * h_middle.abs().max().item()):
-        raise RuntimeError("the per-layer reconstruction of the T²MLR middle block disagrees with exact_forward "
-                           f"(max diff {(h_check - h_middle).abs().max().item():.3g}); has model.py's recurrence changed?")
-    layer_outputs = [(name, f_h) for name, _, f_h in blocks if name != "gate"]
-    states = {"h_emb": probes["states"]["h_emb"]} | dict(layer_outputs[:-1]) | {"h_out": probes["states"]["h_out"]}
-    return blocks, blocks_no_state, states
+        raise RuntimeError(
+            "the per-layer reconstruction of the T²MLR middle layers disagrees with exact_forward "
+            f"(max diff {(h_check - h_middle).abs().max().item():.3g}); has model.py's recurrence changed?"
+        )
+    layer_outputs = [(name, f_h) for name, _, f_h in units if name != "gate"]
+    states = {"h_emb": rec.states["h_emb"]} | dict(layer_outputs[:-1]) | {"h_out": rec.states["h_out"]}
+    return units, units_no_state, states
 
 
 # -----------------------------------------------------------------------------
@@ -177,13 +192,13 @@ def mean_std(values):
 
 
 def skew_summary(per_block):
-    """{block: [per-batch (B,) tensors]} -> {"blocks": names, "mean": [...], "std": [...]}."""
+    """{unit: [per-batch (B,) tensors]} -> {"blocks": names, "mean": [...], "std": [...]}."""
     stats = [mean_std(v) for v in per_block.values()]
     return {"blocks": list(per_block), "mean": [m for m, _ in stats], "std": [s for _, s in stats]}
 
 
 def run_probe(model, seqs, batch_size=8, top=50):
-    """All three diagnostics over `seqs` (N, T) token ids, in batches. Returns the probe.json dict (without metadata):
+    """All three diagnostics over `seqs` (N, T) token ids, in batches. Returns probe.json's dict (no meta):
     skew (and skew_no_state for T²MLR), cka {states, rbf, linear (S x S means), rbf_std, linear_std}, spectra
     {states, top, ratio_mean/ratio_std {state: top values}, effective_rank {state: [mean, std]}}."""
     model.eval()
@@ -192,12 +207,12 @@ def run_probe(model, seqs, batch_size=8, top=50):
     for i in range(0, len(seqs), batch_size):
         idx = seqs[i:i + batch_size]
         if model.gate is not None:
-            blocks, blocks_no_state, states = t2mlr_probe(model, idx)
-            for name, h, f_h in blocks_no_state:
+            units, units_no_state, states = t2mlr_probe(model, idx)
+            for name, h, f_h in units_no_state:
                 skew_no_state.setdefault(name, []).append(relative_update(h, f_h))
         else:
-            blocks, states = depth_probe(model, idx)
-        for name, h, f_h in blocks:
+            units, states = depth_probe(model, idx)
+        for name, h, f_h in units:
             skew.setdefault(name, []).append(relative_update(h, f_h))
         names = list(states)
         x = torch.stack([states[n] for n in names])                           # (S, B, T, C)
@@ -221,7 +236,8 @@ def run_probe(model, seqs, batch_size=8, top=50):
 
 
 def describe(cfg: GPTConfig) -> str:
-    """One line naming the variant, e.g. 'recursive 2+2R2+2, mesh', 'vanilla, 8 layers', 'T²MLR, layers 2..5 of 8'."""
+    """One line naming the variant, e.g. 'recursive 2+2R2+2, mesh', 'vanilla, 8 layers', 'T²MLR, layers 2..5
+    of 8'."""
     if cfg.t2mlr:
         start, end = cfg.recurrent_layers
         return f"T²MLR ({cfg.flavour}), layers {start}..{end} of {cfg.n_layer} recurrent"
@@ -254,8 +270,11 @@ def plot(result, out_dir, title):
         ax.bar(xs, s["mean"], width, yerr=s["std"], capsize=3, color=colors, label=label)
     ax.set_xticks(range(n), sk["blocks"], rotation=30 if n > 6 else 0, ha="right" if n > 6 else "center")
     ax.set_ylabel("relative update  2‖f(h)−h‖ / (‖f(h)‖+‖h‖)", fontsize=8)
-    ax.set_title("(a) computational skew, mean ± std over sequences" + (" (core loops red)" if "core0" in sk["blocks"] else ""),
-                 fontsize=9)
+    ax.set_title(
+        "(a) computational skew, mean ± std over sequences"
+        + (" (core loops red)" if "core0" in sk["blocks"] else ""),
+        fontsize=9,
+    )
     fig.suptitle(title, fontsize=9)
     if len(series) > 1:
         ax.legend(fontsize=8)
@@ -292,7 +311,8 @@ def plot(result, out_dir, title):
         ax.plot(mean, color=color, label=f"{name} (eff. rank {erank:.1f})")
         ax.fill_between(range(len(mean)), (mean - std).clamp_min(1e-5), mean + std, color=color, alpha=0.12)
     ax.set_yscale("log")
-    ax.set_ylim(bottom=1e-4)         # below: the exact zeros of rank-deficient states (a window holds few distinct tokens)
+    # below: the exact zeros of rank-deficient states (a window holds few distinct tokens)
+    ax.set_ylim(bottom=1e-4)
     ax.set_xlabel("index i")
     ax.set_ylabel("σ_i / σ_0")
     ax.set_title(f"(c) singular-value spectra, mean ± std — {title}", fontsize=8)
@@ -321,10 +341,16 @@ def validation_sequences(ckpt, num_seqs, seq_len, data_dir=None):
 @torch.no_grad()
 def main(argv=None):
     """Run the command line; returns the probe.json dict. Raises RunError for a bad checkpoint or data."""
-    p = argparse.ArgumentParser(description="MeSH paper §4.1's hidden-state diagnostics for a trained checkpoint.")
+    p = argparse.ArgumentParser(
+        description="MeSH paper §4.1's hidden-state diagnostics for a trained checkpoint."
+    )
     p.add_argument("checkpoint", help="path to a train.py ckpt.pt")
-    p.add_argument("--num_seqs", type=int, default=64, help="validation sequences (the paper used 500); default 64")
-    p.add_argument("--seq_len", type=int, default=None, help="tokens per sequence; default the model's block_size")
+    p.add_argument(
+        "--num_seqs", type=int, default=64, help="validation sequences (the paper used 500); default 64"
+    )
+    p.add_argument(
+        "--seq_len", type=int, default=None, help="tokens per sequence; default the model's block_size"
+    )
     p.add_argument("--batch_size", type=int, default=8, help="sequences per forward pass; default 8")
     p.add_argument("--out", default=None, help="output folder; default the checkpoint's folder")
     p.add_argument("--data_dir", default=None, help="data folder; default the checkpoint's (train_config)")
@@ -333,13 +359,18 @@ def main(argv=None):
     model, ckpt = load_model(args.checkpoint, args.device)
     seq_len = model.cfg.block_size if args.seq_len is None else args.seq_len
     if not 2 <= seq_len <= model.cfg.block_size:     # CKA centres over the tokens: one token leaves nothing
-        raise RunError(f"--seq_len {seq_len} must be in [2, block_size = {model.cfg.block_size}] (CKA compares "
-                       f"tokens, so it needs at least 2)")
+        raise RunError(
+            f"--seq_len {seq_len} must be in [2, block_size = {model.cfg.block_size}] (CKA compares "
+            f"tokens, so it needs at least 2)"
+        )
     if args.num_seqs < 1 or args.batch_size < 1:
         raise RunError(f"--num_seqs {args.num_seqs} and --batch_size {args.batch_size} must be >= 1")
     seqs, data_dir, overlap = validation_sequences(ckpt, args.num_seqs, seq_len, args.data_dir)
     title = f"{describe(model.cfg)}; {args.num_seqs} val seqs × {seq_len} tokens"
-    print(f"probing {args.checkpoint}: {title} from {data_dir}" + (" (windows overlap: the val split is short)" if overlap else ""))
+    print(
+        f"probing {args.checkpoint}: {title} from {data_dir}"
+        + (" (windows overlap: the val split is short)" if overlap else "")
+    )
     result = {"checkpoint": args.checkpoint, "variant": describe(model.cfg), "num_seqs": args.num_seqs,
               "seq_len": seq_len, "data_dir": data_dir, "windows_overlap": overlap,
               **run_probe(model, seqs.to(args.device), args.batch_size)}
@@ -355,7 +386,9 @@ def main(argv=None):
         paths = plot(result, out, title)
         print(f"wrote {os.path.join(out, 'probe.json')}, " + ", ".join(paths))
     except ImportError:
-        print(f"wrote {os.path.join(out, 'probe.json')}; for the figures: pip install matplotlib, then re-run")
+        print(
+            f"wrote {os.path.join(out, 'probe.json')}; for the figures: pip install matplotlib, then re-run"
+        )
     return result
 
 

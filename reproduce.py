@@ -7,7 +7,7 @@ Reproduce both papers' findings at laptop scale, with paired seeds and 95% confi
     python reproduce.py --max_minutes 60   # run for at most an hour, then assemble what is done
     python reproduce.py --quick         # every path end to end at toy size, in under 2 minutes (CI)
     python reproduce.py plot out/tiny_base out/tiny_mesh --out curves.png   # curves of any train.py runs
-    python reproduce.py starts out/reproduce/t2mlr_t2mlr_s*/ckpt.pt   # Jacobi gap from the zero and plain starts
+    python reproduce.py starts out/reproduce/t2mlr_t2mlr_s*/ckpt.pt   # Jacobi gap, zero and plain starts
 
 Everything is trained by train.py (`train.main(argv)`, in this process) and probed with probe.py; this file
 only lays out the grid, pairs the seeds, collects the numbers and draws them.
@@ -19,7 +19,8 @@ split's 20 EOT tokens count as bytes)
     layout K2 = 2+2R2+2: vanilla (8 layers), base, residual, anchor, anchor*, mesh, mesh_as_base
     layout K4 = 2+1R4+2: base, anchor, mesh (the vanilla model above is the same compute)
     mesh_as_base is MeSH whose routers start biased (weight ROUTER_P on one slot) so that the model starts
-    as base recursion (the router-initialisation lead); everything else equals mesh, its router weights too.
+    as base recursion (to test whether the router initialisation explains MeSH's results); everything
+    else equals mesh, its router weights too.
   T²MLR: LLaMA blocks, d 128, 8 layers, layers 2..5 recurrent, Jacobi D 16 with gradients through b 4.
     plain (equal steps), t2mlr, plain_224 (plain given 2.24x the steps: the paper's "a baseline given 2.24x
     the epochs overtakes T²MLR"), plain_flops (plain given t2mlr's training FLOPs: steps x F_t2mlr / F_plain,
@@ -51,7 +52,7 @@ T²MLR at 120 steps, 67 runs) was measured at ~3.5 h and trimmed, after seed 1 o
 
   Why 3 seeds: the 95% CI half-width of a paired difference is t(n-1) s_d / sqrt(n), 2.48 s_d at n = 3
   (s_d the std of the paired differences); pairing (same data order and initial weights) removes most of
-  the seed-to-seed spread (0.013-0.036 bits/byte at 1,000 steps in our calibration), and the output reports
+  the seed-to-seed spread of single runs, and the output reports
   the half-widths reached.
 
 RESUMING, also across sessions and fresh clones: every finished run writes results/reproduce/<run>.json
@@ -151,7 +152,9 @@ def paired_stats(arm, baseline, level=0.95):
     if n >= 2:
         t = t_quantile((1 + level) / 2, n - 1)
         half = t * sd / math.sqrt(n)
-        out.update(t=t, ci=[md - half, md + half], half_width=half, excludes_zero=md - half > 0 or md + half < 0)
+        out.update(
+            t=t, ci=[md - half, md + half], half_width=half, excludes_zero=md - half > 0 or md + half < 0
+        )
     return out
 
 
@@ -170,10 +173,11 @@ def verdict(stats, expected_sign):
 ROUTER_P = 0.95          # mesh_as_base: the routers put this weight on one slot at init (logits aside)
 PAPER_EPOCHS = 2.24      # T²MLR paper: a baseline given 2.24x the epochs (here steps) overtakes T²MLR
 # The T²MLR paper's Jacobi-vs-exact gap, 0.005, is a validation loss in nats per token of its BPE tokenizer. A
-# GPT-2 BPE token of this FineWeb sample is 4.53 bytes (4,759,651 tokens for 21,551,930 byte tokens, each count
-# with one EOT per document), so the same gap is 0.005 / 4.53 = 0.0011 nats per byte.
+# GPT-2 BPE token of this FineWeb sample is 4.53 bytes (4,759,651 tokens for 21,551,930 byte tokens, each
+# count with one EOT per document), so the same gap is 0.005 / 4.53 = 0.0011 nats per byte.
 GAP_MARGIN_NATS_PER_BYTE = 0.005 / 4.53
-FLOPS_PER_S = 125e9      # planning speed on 2 idle cores, fp32 (see the docstring); recalibrated while running
+# planning speed on 2 idle cores, fp32 (see the docstring); recalibrated while running
+FLOPS_PER_S = 125e9
 LN2 = math.log(2)
 
 
@@ -198,12 +202,14 @@ class Protocol:
     mesh_seeds: int = 3
     t2mlr_seeds: int = 3
     layouts: tuple = (("K2", "2+2R2+2"), ("K4", "2+1R4+2"))
-    mesh_arms: tuple = (("K2", ("vanilla", "base", "residual", "anchor", "anchor_star", "mesh", "mesh_as_base")),
-                        ("K4", ("base", "anchor", "mesh")))
+    mesh_arms: tuple = (
+        ("K2", ("vanilla", "base", "residual", "anchor", "anchor_star", "mesh", "mesh_as_base")),
+        ("K4", ("base", "anchor", "mesh")),
+    )
     l_start: int = 2
     l_end: int = 5
-    jacobi_iters: int = 16
-    jacobi_grad_iters: int = 4
+    jacobi_sweeps: int = 16
+    jacobi_grad_sweeps: int = 4
     evals: int = 5                     # evaluation intervals per run: 6 curve points
     eval_iters: int = 4                # curve windows = eval_iters x batch_size
     final_windows: Optional[int] = None  # None: the whole val split
@@ -213,9 +219,24 @@ class Protocol:
 
 
 FULL = Protocol("full")
-QUICK = Protocol("quick", n_embd=32, n_head=2, block_size=32, mlp_hidden=64, batch_size=4, total_batch_size=128,
-                 mesh_steps=4, t2mlr_steps=3, mesh_seeds=2, t2mlr_seeds=2, eval_iters=2, evals=2,
-                 final_windows=16, gap_windows=8, probe_seqs=8)
+QUICK = Protocol(
+    "quick",
+    n_embd=32,
+    n_head=2,
+    block_size=32,
+    mlp_hidden=64,
+    batch_size=4,
+    total_batch_size=128,
+    mesh_steps=4,
+    t2mlr_steps=3,
+    mesh_seeds=2,
+    t2mlr_seeds=2,
+    eval_iters=2,
+    evals=2,
+    final_windows=16,
+    gap_windows=8,
+    probe_seqs=8,
+)
 
 
 @dataclass
@@ -238,8 +259,16 @@ class Run:
 
     def fingerprint(self):
         """What must be equal for a stored result to count as this run (JSON-normalised)."""
-        return json.loads(json.dumps({"model": self.model, "train": self.train, "router_init": self.router_init,
-                                      "router_p": ROUTER_P if self.router_init else None}))
+        return json.loads(
+            json.dumps(
+                {
+                    "model": self.model,
+                    "train": self.train,
+                    "router_init": self.router_init,
+                    "router_p": ROUTER_P if self.router_init else None,
+                }
+            )
+        )
 
 
 def neox_model(pr, layout="", state_mode="base"):
@@ -252,19 +281,31 @@ def llama_model(pr, t2mlr=False):
     cfg = {"flavour": "llama", "vocab_size": pr.vocab_size, "block_size": pr.block_size, "n_layer": 8,
            "n_embd": pr.n_embd, "n_head": pr.n_head, "n_kv_head": pr.n_head, "mlp_hidden": pr.mlp_hidden}
     if t2mlr:
-        cfg |= {"t2mlr": True, "l_start": pr.l_start, "l_end": pr.l_end, "jacobi_iters": pr.jacobi_iters,
-                "jacobi_grad_iters": pr.jacobi_grad_iters}
+        cfg |= {"t2mlr": True, "l_start": pr.l_start, "l_end": pr.l_end, "jacobi_sweeps": pr.jacobi_sweeps,
+                "jacobi_grad_sweeps": pr.jacobi_grad_sweeps}
     return cfg
 
 
 def train_keys(pr, steps, seed):
     """The TrainConfig keys of a run of `steps` steps: the one protocol, the schedule scaled to the run."""
-    return {"max_iters": steps, "lr_decay_iters": steps, "warmup_iters": max(1, round(pr.warmup_frac * steps)),
-            "eval_interval": max(1, steps // pr.evals), "eval_iters": pr.eval_iters,
-            "log_interval": max(1, steps // 20), "total_batch_size": pr.total_batch_size,
-            "batch_size": pr.batch_size, "learning_rate": pr.learning_rate, "min_lr": pr.min_lr,
-            "weight_decay": pr.weight_decay, "beta1": 0.9, "beta2": 0.95, "grad_clip": pr.grad_clip,
-            "seed": seed, "val_mode": "exact"}
+    return {
+        "max_iters": steps,
+        "lr_decay_iters": steps,
+        "warmup_iters": max(1, round(pr.warmup_frac * steps)),
+        "eval_interval": max(1, steps // pr.evals),
+        "eval_iters": pr.eval_iters,
+        "log_interval": max(1, steps // 20),
+        "total_batch_size": pr.total_batch_size,
+        "batch_size": pr.batch_size,
+        "learning_rate": pr.learning_rate,
+        "min_lr": pr.min_lr,
+        "weight_decay": pr.weight_decay,
+        "beta1": 0.9,
+        "beta2": 0.95,
+        "grad_clip": pr.grad_clip,
+        "seed": seed,
+        "val_mode": "exact",
+    }
 
 
 def flops_per_token(model_cfg):
@@ -297,14 +338,29 @@ def make_grid(pr):
                     name, model, lay = f"mesh_vanilla_s{seed}", vanilla, ""
                 else:
                     mode = "mesh" if arm.startswith("mesh") else arm
-                    name, model, lay = f"mesh_{layout_name}_{arm}_s{seed}", neox_model(pr, layout, mode), layout_name
+                    name, model, lay = (
+                        f"mesh_{layout_name}_{arm}_s{seed}",
+                        neox_model(pr, layout, mode),
+                        layout_name,
+                    )
                 runs.append(Run(name, "mesh", arm, lay, seed, model, train_keys(pr, pr.mesh_steps, seed),
                                 "base" if arm == "mesh_as_base" else None, vanilla))
         for arm, model, steps in (("plain", plain, pr.t2mlr_steps), ("t2mlr", t2, pr.t2mlr_steps),
                                   ("plain_224", plain, round(PAPER_EPOCHS * pr.t2mlr_steps)),
                                   ("plain_flops", plain, long_steps)) if seed <= pr.t2mlr_seeds else ():
-            runs.append(Run(f"t2mlr_{arm}_s{seed}", "t2mlr", arm, "", seed, model, train_keys(pr, steps, seed),
-                            None, plain))
+            runs.append(
+                Run(
+                    f"t2mlr_{arm}_s{seed}",
+                    "t2mlr",
+                    arm,
+                    "",
+                    seed,
+                    model,
+                    train_keys(pr, steps, seed),
+                    None,
+                    plain,
+                )
+            )
     return runs
 
 
@@ -333,16 +389,18 @@ def set_router_bias(model, kind, p=ROUTER_P):
 
 
 def initial_model(run):
-    """The run's initial model: the seed's reference model (built as train.py builds it: torch.manual_seed(seed),
-    then GPT(config)) in every tensor whose name and shape agree, the run's own seeded draws elsewhere, and the
-    router bias of mesh_as_base."""
+    """The run's initial model: the seed's reference model (built as train.py builds it:
+    torch.manual_seed(seed), then GPT(config)) in every tensor whose name and shape agree, the run's own
+    seeded draws elsewhere, and the router bias of mesh_as_base."""
     torch.manual_seed(run.seed)
     model = GPT(GPTConfig(**run.model))
     if run.reference and run.reference != run.model:
         torch.manual_seed(run.seed)
         ref = GPT(GPTConfig(**run.reference)).state_dict()
         own = model.state_dict()
-        model.load_state_dict({k: ref[k] if k in ref and ref[k].shape == v.shape else v for k, v in own.items()})
+        model.load_state_dict(
+            {k: ref[k] if k in ref and ref[k].shape == v.shape else v for k, v in own.items()}
+        )
     if run.router_init:
         set_router_bias(model, run.router_init)
     return model
@@ -355,9 +413,20 @@ SYSTEM = {"device", "dtype", "compile", "progress", "out_dir", "init_from", "dat
 
 
 def launch_argv(run, out_dir, data_dir, device, init_from):
-    keys = run.model | run.train | {"out_dir": out_dir, "data_dir": data_dir, "dataset": os.path.basename(data_dir),
-                                    "device": device, "dtype": "float32", "compile": False, "progress": False,
-                                    "init_from": init_from}
+    keys = (
+        run.model
+        | run.train
+        | {
+            "out_dir": out_dir,
+            "data_dir": data_dir,
+            "dataset": os.path.basename(data_dir),
+            "device": device,
+            "dtype": "float32",
+            "compile": False,
+            "progress": False,
+            "init_from": init_from,
+        }
+    )
     return [f"--{k}={v!r}" for k, v in keys.items()]
 
 
@@ -367,15 +436,18 @@ def checkpoint_step(run, ckpt_path):
     model_diff = [k for k, v in run.model.items() if ckpt["model_config"].get(k) != v]
     train_diff = [k for k, v in run.train.items() if k != "max_iters" and ckpt["train_config"].get(k) != v]
     if model_diff or train_diff:
-        raise train.RunError(f"{ckpt_path} holds a run with other settings ({', '.join(model_diff + train_diff)}); "
-                             f"delete its folder or pass another --out_dir")
+        raise train.RunError(
+            f"{ckpt_path} holds a run with other settings ({', '.join(model_diff + train_diff)}); "
+            f"delete its folder or pass another --out_dir"
+        )
     return ckpt["step"]
 
 
 def train_run(run, out_dir, data_dir, device, stop_at=None):
-    """Train `run` into out_dir: continue its checkpoint if there is one, else start from init.pt. stop_at: end
-    after that many steps on the run's own schedule (as if interrupted; for tests). Returns 'trained',
-    'resumed' or 'complete' (the checkpoint had finished already). train.py's output goes to out_dir/train.log."""
+    """Train `run` into out_dir: continue its checkpoint if there is one, else start from init.pt. stop_at:
+    end after that many steps on the run's own schedule (as if interrupted; for tests). Returns 'trained',
+    'resumed' or 'complete' (the checkpoint had finished already). train.py's output goes to
+    out_dir/train.log."""
     os.makedirs(out_dir, exist_ok=True)
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
     if os.path.exists(ckpt_path):
@@ -396,8 +468,9 @@ def train_run(run, out_dir, data_dir, device, stop_at=None):
 
 
 def read_log(out_dir):
-    """(headers, {step: val_loss}, {step: train loss}) from out_dir/log.jsonl; later rows of a step win (a resumed
-    run may repeat an evaluation). headers: the rows that hold model_config and train_config (one per launch)."""
+    """(headers, {step: val_loss}, {step: train loss}) from out_dir/log.jsonl; later rows of a step win (a
+    resumed run may repeat an evaluation). headers: the rows that hold model_config and train_config (one per
+    launch)."""
     path = os.path.join(out_dir, "log.jsonl")
     if not os.path.isfile(path):
         raise train.RunError(f"no {path}: not an out_dir of train.py")
@@ -496,14 +569,21 @@ def diagnostics(result, scale):
 def compact_probe(result):
     """probe.run_probe's result without the per-cell stds (kept small for the JSON)."""
     sp = result["spectra"]
-    return {"skew": result["skew"], "cka": {k: result["cka"][k] for k in ("states", "rbf", "linear")},
-            "spectra": {"states": sp["states"], "ratio_mean": sp["ratio_mean"], "effective_rank": sp["effective_rank"]}}
+    return {
+        "skew": result["skew"],
+        "cka": {k: result["cka"][k] for k in ("states", "rbf", "linear")},
+        "spectra": {
+            "states": sp["states"],
+            "ratio_mean": sp["ratio_mean"],
+            "effective_rank": sp["effective_rank"],
+        },
+    }
 
 
 def summarize(run, out_dir, data_dir, pr):
-    """The run's summary: config, curves (val loss in nats per token, as train.py logs it), final val loss over
-    the val split, and for MeSH-study recursive models the probe numbers and scale diagnostics (trained and at
-    init), for T²MLR the exact and Jacobi losses at every depth of the gap table."""
+    """The run's summary: config, curves (val loss in nats per token, as train.py logs it), final val loss
+    over the val split, and for MeSH-study recursive models the probe numbers and scale diagnostics (trained
+    and at init), for T²MLR the exact and Jacobi losses at every depth of the gap table."""
     headers, val, loss = read_log(out_dir)
     model, ckpt = train.load_model(os.path.join(out_dir, "ckpt.pt"), "cpu")
     T = model.cfg.block_size
@@ -515,14 +595,32 @@ def summarize(run, out_dir, data_dir, pr):
                                                    contextlib.nullcontext(), mode)
     final = evaluate(train.val_starts(meta["val_tokens"], T, n_final), exact)
     fpt = model.train_flops_per_token()
-    out = {"name": run.name, "study": run.study, "arm": run.arm, "layout": run.layout, "seed": run.seed,
-           "config": run.fingerprint(), "data": {k: meta[k] for k in ("tokenizer", "train_tokens", "val_tokens")},
-           "params": model.param_counts(), "flops_per_token": fpt, "tokens_per_step": pr.total_batch_size,
-           "steps": run.steps,
-           "curve": {"step": list(val), "val_loss": list(val.values()), "windows": pr.eval_iters * pr.batch_size},
-           "train_curve": {"step": list(loss), "loss": list(loss.values())},
-           "final": {"val_loss": final, "val_bpb": final / LN2, "windows": n_final, "tokens": n_final * T,
-                     "mode": exact or "plain"}}
+    out = {
+        "name": run.name,
+        "study": run.study,
+        "arm": run.arm,
+        "layout": run.layout,
+        "seed": run.seed,
+        "config": run.fingerprint(),
+        "data": {k: meta[k] for k in ("tokenizer", "train_tokens", "val_tokens")},
+        "params": model.param_counts(),
+        "flops_per_token": fpt,
+        "tokens_per_step": pr.total_batch_size,
+        "steps": run.steps,
+        "curve": {
+            "step": list(val),
+            "val_loss": list(val.values()),
+            "windows": pr.eval_iters * pr.batch_size,
+        },
+        "train_curve": {"step": list(loss), "loss": list(loss.values())},
+        "final": {
+            "val_loss": final,
+            "val_bpb": final / LN2,
+            "windows": n_final,
+            "tokens": n_final * T,
+            "mode": exact or "plain",
+        },
+    }
     if run.study == "mesh" and model.cfg.layout:
         seqs, _, _ = probe.validation_sequences(ckpt, pr.probe_seqs, T, data_dir)
         result = probe.run_probe(model, seqs, top=32)
@@ -534,11 +632,11 @@ def summarize(run, out_dir, data_dir, pr):
         starts = train.val_starts(meta["val_tokens"], T, pr.gap_windows)
         gap = {"depths": list(pr.gap_depths), "windows": pr.gap_windows, "exact": evaluate(starts, "exact"),
                "jacobi": []}
-        trained_d = model.cfg.jacobi_iters
+        trained_d = model.cfg.jacobi_sweeps
         for d in pr.gap_depths:
-            model.cfg.jacobi_iters = d               # the sweeps only; b is irrelevant without gradients
+            model.cfg.jacobi_sweeps = d               # the sweeps only; b is irrelevant without gradients
             gap["jacobi"].append(evaluate(starts, "jacobi"))
-        model.cfg.jacobi_iters = trained_d
+        model.cfg.jacobi_sweeps = trained_d
         out["jacobi_gap"] = gap
     return rounded(out)
 
@@ -553,12 +651,13 @@ def est_seconds(run, pr, val_tokens, rate=FLOPS_PER_S):
     fpt = flops_per_token(run.model)
     T = pr.block_size
     plain_fwd = flops_per_token({k: v for k, v in run.model.items() if k not in ("t2mlr", "l_start", "l_end",
-                                 "jacobi_iters", "jacobi_grad_iters")}) / 3
+                                 "jacobi_sweeps", "jacobi_grad_sweeps")}) / 3
     curve_tokens = (pr.evals + 1) * pr.eval_iters * pr.batch_size * T
     final_tokens = (pr.final_windows * T) if pr.final_windows else val_tokens
     flops = run.steps * pr.total_batch_size * fpt
     if run.model.get("t2mlr"):
-        exact_factor = 4.0                           # token-by-token middle block: per-op overhead (README bench)
+        # token-by-token middle layers: per-op overhead (README bench)
+        exact_factor = 4.0
         sweeps = sum((8 - 4 + d * 4) / 8 for d in pr.gap_depths)
         flops += plain_fwd * ((curve_tokens + final_tokens + pr.gap_windows * T) * exact_factor
                               + pr.gap_windows * T * sweeps)
@@ -589,11 +688,19 @@ class Progress:
         elapsed = time.time() - self.t0
         worked = self.session_est + extra_done
         speed = elapsed / worked if worked > 0 and elapsed > 30 else 1.0    # measured s per estimated s
-        return 100 * (self.done + extra_done) / self.total, elapsed, (self.total - self.done - extra_done) * speed
+        return (
+            100 * (self.done + extra_done) / self.total,
+            elapsed,
+            (self.total - self.done - extra_done) * speed,
+        )
 
     def say(self, text, extra_done=0.0):
         pct, elapsed, eta = self.eta(extra_done)
-        print(f"{text}  | grid {pct:5.1f}%, elapsed {hms(elapsed)}, ETA {hms(eta)}", file=self.console, flush=True)
+        print(
+            f"{text}  | grid {pct:5.1f}%, elapsed {hms(elapsed)}, ETA {hms(eta)}",
+            file=self.console,
+            flush=True,
+        )
 
     def skip(self, run):
         self.done += self.est[run.name]
@@ -625,7 +732,10 @@ class Progress:
         self.thread.join()
         self.done += self.est[run.name]
         self.session_est += self.est[run.name]
-        self.say(f"[{i + 1}/{len(self.runs)}] {run.name}: {status}, final val {summary['final']['val_bpb']:.4f} bpb")
+        self.say(
+            f"[{i + 1}/{len(self.runs)}] {run.name}: {status}, final val {summary['final']['val_bpb']:.4f} "
+            "bpb"
+        )
 
 
 # -----------------------------------------------------------------------------
@@ -666,7 +776,9 @@ def paper_delta(a, b):
     """The paper's Δ between two arms in nats per token and relative to b's loss."""
     d = math.log(MESH_PAPER_PPL[a]) - math.log(MESH_PAPER_PPL[b])
     rel = 100 * d / math.log(MESH_PAPER_PPL[b])
-    return f"ppl {MESH_PAPER_PPL[a]} vs {MESH_PAPER_PPL[b]}: Δ {d:+.4f} nats/token ({rel:+.2f}% of {b}'s loss)"
+    return (
+        f"ppl {MESH_PAPER_PPL[a]} vs {MESH_PAPER_PPL[b]}: Δ {d:+.4f} nats/token ({rel:+.2f}% of {b}'s loss)"
+    )
 
 
 def jacobi_gap(d_index):
@@ -677,8 +789,8 @@ def jacobi_gap(d_index):
 def crossover(summaries):
     """Where plain_flops' curve first reaches t2mlr's final val loss (the same curve windows, same seed), by
     linear interpolation in FLOPs: as a multiple of t2mlr's training FLOPs and of the equal-steps plain run's.
-    Indicative only: plain_flops is then mid-schedule (its LR not yet annealed), so a run that ended there would
-    do better. {seed: {...}} plus the means; None where plain_flops never got there."""
+    Indicative only: plain_flops is then mid-schedule (its LR not yet annealed), so a run that ended there
+    would do better. {seed: {...}} plus the means; None where plain_flops never got there."""
     per_seed = {}
     for t2 in arm_runs(summaries, "t2mlr", "t2mlr"):
         long = [s for s in arm_runs(summaries, "t2mlr", "plain_flops") if s["seed"] == t2["seed"]]
@@ -697,7 +809,9 @@ def crossover(summaries):
                 at = s0 + (s1 - s0) * (v0 - target) / (v0 - v1)
                 break
         t2_flops = t2["steps"] * t2["flops_per_token"] * t2["tokens_per_step"]
-        plain_flops = short[0]["steps"] * short[0]["flops_per_token"] * short[0]["tokens_per_step"] if short else None
+        plain_flops = (
+            short[0]["steps"] * short[0]["flops_per_token"] * short[0]["tokens_per_step"] if short else None
+        )
         per_seed[t2["seed"]] = None if at is None else {
             "step": at, "of_t2mlr_flops": at * per_step / t2_flops,
             "of_plain_flops": at * per_step / plain_flops if plain_flops else None}
@@ -731,35 +845,91 @@ def assemble(pr, summaries):
         c = lambda a, b, v=final_bpb: compare(summaries, "mesh", a, b, layout_name, v)
         tag = f"{layout_name} ({layout})"
         claims += [
-            claim(f"mesh-{layout_name}-1", f"{tag}: plain recursion (base) lags vanilla",
-                  paper_delta("base", "vanilla"), c("base", "vanilla"), +1),
-            claim(f"mesh-{layout_name}-2", f"{tag}: +anchor improves on base", paper_delta("anchor", "base"),
-                  c("anchor", "base"), -1),
-            claim(f"mesh-{layout_name}-3", f"{tag}: MeSH improves on base", paper_delta("mesh", "base"),
-                  c("mesh", "base"), -1),
-            claim(f"mesh-{layout_name}-4", f"{tag}: MeSH improves on +anchor", paper_delta("mesh", "anchor"),
-                  c("mesh", "anchor"), -1),
-            claim(f"mesh-{layout_name}-5", f"{tag}: MeSH closes most of base's gap to vanilla (Δ mesh - vanilla)",
-                  paper_delta("mesh", "vanilla"), c("mesh", "vanilla"), 0,
-                  note="no mechanical verdict: read beside claims 1 and 3"),
+            claim(
+                f"mesh-{layout_name}-1",
+                f"{tag}: plain recursion (base) lags vanilla",
+                paper_delta("base", "vanilla"),
+                c("base", "vanilla"),
+                +1,
+            ),
+            claim(
+                f"mesh-{layout_name}-2",
+                f"{tag}: +anchor improves on base",
+                paper_delta("anchor", "base"),
+                c("anchor", "base"),
+                -1,
+            ),
+            claim(
+                f"mesh-{layout_name}-3",
+                f"{tag}: MeSH improves on base",
+                paper_delta("mesh", "base"),
+                c("mesh", "base"),
+                -1,
+            ),
+            claim(
+                f"mesh-{layout_name}-4",
+                f"{tag}: MeSH improves on +anchor",
+                paper_delta("mesh", "anchor"),
+                c("mesh", "anchor"),
+                -1,
+            ),
+            claim(
+                f"mesh-{layout_name}-5",
+                f"{tag}: MeSH closes most of base's gap to vanilla (Δ mesh - vanilla)",
+                paper_delta("mesh", "vanilla"),
+                c("mesh", "vanilla"),
+                0,
+                note="no mechanical verdict: read beside claims 1 and 3",
+            ),
         ]
         if "mesh_as_base" in dict(pr.mesh_arms)[layout_name]:
-            claims.append(claim(f"mesh-{layout_name}-6", f"{tag}: routers initialised as base (mesh_as_base) vs mesh",
-                                "not in the paper", c("mesh_as_base", "mesh"), 0,
-                                note="the router-initialisation lead; no paper claim"))
+            claims.append(
+                claim(
+                    f"mesh-{layout_name}-6",
+                    f"{tag}: routers initialised as base (mesh_as_base) vs mesh",
+                    "not in the paper",
+                    c("mesh_as_base", "mesh"),
+                    0,
+                    note="does the router initialisation explain MeSH vs base? no paper claim",
+                )
+            )
         diag = lambda key: (lambda s: s["diagnostics"][key])
         paper4 = "MeSH paper §4.1, Fig. 1 (qualitative)"
         claims += [
-            claim(f"diag-{layout_name}-1a", f"{tag}: later loops do more under MeSH than base: relative update of the "
-                  "last loop (paper's form, divides by state norms)", paper4, c("mesh", "base", diag("skew_last")), +1,
-                  unit="relative update"),
-            claim(f"diag-{layout_name}-1b", f"{tag}: the same, scale-free: the last loop's update over the first "
-                  "loop's, each block applied to its input at unit RMS", paper4,
-                  c("mesh", "base", diag("skew_unit_last_over_first")), +1, unit="ratio"),
-            claim(f"diag-{layout_name}-2", f"{tag}: MeSH's consecutive loop states are less similar (RBF CKA)", paper4,
-                  c("mesh", "base", diag("cka_consecutive")), -1, unit="CKA"),
-            claim(f"diag-{layout_name}-3", f"{tag}: MeSH's loop states have higher effective rank", paper4,
-                  c("mesh", "base", diag("erank_loops")), +1, unit="effective rank"),
+            claim(
+                f"diag-{layout_name}-1a",
+                f"{tag}: later loops do more under MeSH than base: relative update of the "
+                "last loop (paper's form, divides by state norms)",
+                paper4,
+                c("mesh", "base", diag("skew_last")),
+                +1,
+                unit="relative update",
+            ),
+            claim(
+                f"diag-{layout_name}-1b",
+                f"{tag}: the same, scale-free: the last loop's update over the first "
+                "loop's, each block applied to its input at unit RMS",
+                paper4,
+                c("mesh", "base", diag("skew_unit_last_over_first")),
+                +1,
+                unit="ratio",
+            ),
+            claim(
+                f"diag-{layout_name}-2",
+                f"{tag}: MeSH's consecutive loop states are less similar (RBF CKA)",
+                paper4,
+                c("mesh", "base", diag("cka_consecutive")),
+                -1,
+                unit="CKA",
+            ),
+            claim(
+                f"diag-{layout_name}-3",
+                f"{tag}: MeSH's loop states have higher effective rank",
+                paper4,
+                c("mesh", "base", diag("erank_loops")),
+                +1,
+                unit="effective rank",
+            ),
         ]
     rows = {}
     for arm in ("plain", "t2mlr", "plain_224", "plain_flops"):
@@ -767,7 +937,13 @@ def assemble(pr, summaries):
         if runs:
             m, s = mean_std([final_bpb(r) for r in runs])
             st = compare(summaries, "t2mlr", arm, "plain") if arm != "plain" else None
-            rows[arm] = {"n": len(runs), "steps": runs[0]["steps"], "mean_bpb": m, "std_bpb": s, "vs_plain": st}
+            rows[arm] = {
+                "n": len(runs),
+                "steps": runs[0]["steps"],
+                "mean_bpb": m,
+                "std_bpb": s,
+                "vs_plain": st,
+            }
             if st and st["half_width"] is not None:
                 half_widths["t2mlr"].append(st["half_width"])
     equal_flops = compare(summaries, "t2mlr", "plain_flops", "t2mlr")
@@ -785,21 +961,48 @@ def assemble(pr, summaries):
             m, s = mean_std(list(gaps.values()))
             exact = by_seed(t2, lambda r: r["jacobi_gap"]["exact"])
             st = paired_stats(by_seed(t2, lambda r: r["jacobi_gap"]["jacobi"][i]), exact)
-            tables["jacobi_gap"][str(d)] = {"mean_nats": m, "std_nats": s, "mean_bits": m / LN2, "stats_nats": st}
-            if d == pr.jacobi_iters:
+            tables["jacobi_gap"][str(d)] = {
+                "mean_nats": m,
+                "std_nats": s,
+                "mean_bits": m / LN2,
+                "stats_nats": st,
+            }
+            if d == pr.jacobi_sweeps:
                 gap16 = st
     claims += [
-        claim("t2mlr-1", "T²MLR beats plain at equal steps", "T²MLR below plain at equal steps",
-              compare(summaries, "t2mlr", "t2mlr", "plain"), -1),
-        claim("t2mlr-2", f"a plain baseline given {PAPER_EPOCHS}x the steps overtakes T²MLR (Δ plain_224 - t2mlr)",
-              f"a baseline given {PAPER_EPOCHS}x the epochs overtakes T²MLR", paper_epochs, -1),
-        claim("t2mlr-2b", f"at equal training FLOPs (plain x{flops_steps(pr) / pr.t2mlr_steps:.2f} steps, Δ plain_flops "
-              "- t2mlr)", "not in the paper", equal_flops, 0,
-              note="our question (the issue's); no paper claim, so no mechanical verdict"),
-        claim("t2mlr-3", f"Jacobi training (D = {pr.jacobi_iters}) and exact evaluation agree (Δ Jacobi - exact)",
-              f"within 0.005 nats/token = {GAP_MARGIN_NATS_PER_BYTE:.4f} nats/byte", gap16, 0, unit="nats/byte",
-              note=f"verdict: reproduced if the 95% CI lies inside ±{GAP_MARGIN_NATS_PER_BYTE:.4f}, not reproduced "
-                   "if it lies outside"),
+        claim(
+            "t2mlr-1",
+            "T²MLR beats plain at equal steps",
+            "T²MLR below plain at equal steps",
+            compare(summaries, "t2mlr", "t2mlr", "plain"),
+            -1,
+        ),
+        claim(
+            "t2mlr-2",
+            f"a plain baseline given {PAPER_EPOCHS}x the steps overtakes T²MLR (Δ plain_224 - t2mlr)",
+            f"a baseline given {PAPER_EPOCHS}x the epochs overtakes T²MLR",
+            paper_epochs,
+            -1,
+        ),
+        claim(
+            "t2mlr-2b",
+            f"at equal training FLOPs (plain x{flops_steps(pr) / pr.t2mlr_steps:.2f} steps, Δ plain_flops "
+            "- t2mlr)",
+            "not in the paper",
+            equal_flops,
+            0,
+            note="our question; no paper claim, so no mechanical verdict",
+        ),
+        claim(
+            "t2mlr-3",
+            f"Jacobi training (D = {pr.jacobi_sweeps}) and exact evaluation agree (Δ Jacobi - exact)",
+            f"within 0.005 nats/token = {GAP_MARGIN_NATS_PER_BYTE:.4f} nats/byte",
+            gap16,
+            0,
+            unit="nats/byte",
+            note=f"verdict: reproduced if the 95% CI lies inside ±{GAP_MARGIN_NATS_PER_BYTE:.4f}, "
+            "not reproduced if it lies outside",
+        ),
     ]
     c3 = claims[-1]
     if gap16 and gap16["ci"]:
@@ -807,8 +1010,14 @@ def assemble(pr, summaries):
         m = GAP_MARGIN_NATS_PER_BYTE
         c3["verdict"] = ("reproduced" if -m < lo and hi < m else
                          "not reproduced" if lo > m or hi < -m else "not resolvable at this scale")
-    resolution = {study: ({"min": min(h), "median": sorted(h)[len(h) // 2], "max": max(h), "n_comparisons": len(h)}
-                          if h else None) for study, h in half_widths.items()}
+    resolution = {
+        study: (
+            {"min": min(h), "median": sorted(h)[len(h) // 2], "max": max(h), "n_comparisons": len(h)}
+            if h
+            else None
+        )
+        for study, h in half_widths.items()
+    }
     return tables, claims, resolution
 
 
@@ -819,7 +1028,8 @@ def fmt_stats(st, digits=4, percent=False):
     pct = f", {100 * st['diff'] / st['baseline_mean']:+.2f}%" if percent and st["baseline_mean"] else ""
     if st["ci"] is None:
         return f"{st['diff']:+.{digits}f} (n = 1{pct})"
-    return f"{st['diff']:+.{digits}f} [{st['ci'][0]:+.{digits}f}, {st['ci'][1]:+.{digits}f}] (n = {st['n']}{pct})"
+    low, high = st['ci']
+    return f"{st['diff']:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}] (n = {st['n']}{pct})"
 
 
 def markdown(pr, tables, claims, resolution):
@@ -839,14 +1049,26 @@ def markdown(pr, tables, claims, resolution):
         lines.append(f"| {arm} | {r['steps']} | {r['n']} | {r['mean_bpb']:.4f} ± {r['std_bpb']:.4f} | "
                      f"{fmt_stats(r['vs_plain'])} |")
     cr = t["crossover"]
-    lines += ["", f"Equal FLOPs, Δ plain_flops − t2mlr: {fmt_stats(t['plain_flops_vs_t2mlr'])} bits/byte; "
-              f"{PAPER_EPOCHS}x steps, Δ plain_224 − t2mlr: {fmt_stats(t['plain_224_vs_t2mlr'])} bits/byte", "",
-              f"plain_flops reaches t2mlr's final loss (curve windows) in {cr['n_reached']} of {len(cr['per_seed'])} "
-              "seeds" + (f", on average at {cr['mean_of_t2mlr_flops']:.2f}x t2mlr's training FLOPs = "
-                         f"{cr['mean_of_plain_flops']:.2f}x the equal-steps plain run's (mid-schedule: indicative)"
-                         if cr["mean_of_plain_flops"] else ""), "",
-              "## Jacobi − exact val loss of the trained T²MLR models (nats/byte), mean ± std [95% CI]", "",
-              "| D | gap (nats) | 95% CI | gap (bits) |", "|---|---|---|---|"]
+    lines += [
+        "",
+        f"Equal FLOPs, Δ plain_flops − t2mlr: {fmt_stats(t['plain_flops_vs_t2mlr'])} bits/byte; "
+        f"{PAPER_EPOCHS}x steps, Δ plain_224 − t2mlr: {fmt_stats(t['plain_224_vs_t2mlr'])} bits/byte",
+        "",
+        f"plain_flops reaches t2mlr's final loss (curve windows) in {cr['n_reached']} of "
+        f"{len(cr['per_seed'])} "
+        "seeds"
+        + (
+            f", on average at {cr['mean_of_t2mlr_flops']:.2f}x t2mlr's training FLOPs = "
+            f"{cr['mean_of_plain_flops']:.2f}x the equal-steps plain run's (mid-schedule: indicative)"
+            if cr["mean_of_plain_flops"]
+            else ""
+        ),
+        "",
+        "## Jacobi − exact val loss of the trained T²MLR models (nats/byte), mean ± std [95% CI]",
+        "",
+        "| D | gap (nats) | 95% CI | gap (bits) |",
+        "|---|---|---|---|",
+    ]
     for d, g in tables["jacobi_gap"].items():
         ci = g["stats_nats"]["ci"]
         lines.append(f"| {d} | {g['mean_nats']:+.5f} ± {g['std_nats']:.5f} | "
@@ -854,15 +1076,22 @@ def markdown(pr, tables, claims, resolution):
     lines += ["", "## State RMS (mean over seeds and val windows): at init → trained", ""]
     for layout_name, arms in tables["scale"].items():
         states = list(next(iter(arms.values()))["trained"])
-        lines += [f"### {layout_name}", "", "| arm | " + " | ".join(states) + " |", "|---" * (len(states) + 1) + "|"]
+        lines += [
+            f"### {layout_name}",
+            "",
+            "| arm | " + " | ".join(states) + " |",
+            "|---" * (len(states) + 1) + "|",
+        ]
         for arm, sc in arms.items():
             cells = " | ".join(f"{sc['init'][k]:.2f} → {sc['trained'][k]:.2f}" for k in states)
             lines.append(f"| {arm} | {cells} |")
         lines.append("")
     lines += ["## Claims", "", "| id | claim | paper | ours: Δ [95% CI] | verdict |", "|---|---|---|---|---|"]
     for c in claims:
-        lines.append(f"| {c['id']} | {c['claim']} | {c['paper']} | {fmt_stats(c['ours'], percent=True)} {c['unit']} | "
-                     f"{c['verdict'] or '—'}{' (' + c['note'] + ')' if c['note'] else ''} |")
+        lines.append(
+            f"| {c['id']} | {c['claim']} | {c['paper']} | {fmt_stats(c['ours'], percent=True)} {c['unit']} | "
+            f"{c['verdict'] or '—'}{' (' + c['note'] + ')' if c['note'] else ''} |"
+        )
     lines += ["", "## Resolution reached (half-width of the paired 95% CIs, bits/byte)", ""]
     for study, r in resolution.items():
         lines.append(f"- {study}: " + (f"{r['min']:.4f} – {r['max']:.4f}, median {r['median']:.4f} "
@@ -916,8 +1145,13 @@ def seed_band(runs):
     steps = runs[0]["curve"]["step"]
     vals = [[v / LN2 for v in r["curve"]["val_loss"]] for r in runs if r["curve"]["step"] == steps]
     cols = list(zip(*vals))
-    return {"steps": steps, "values": [sum(c) / len(c) for c in cols], "lo": [min(c) for c in cols],
-            "hi": [max(c) for c in cols], "flops_per_step": runs[0]["flops_per_token"] * runs[0]["tokens_per_step"]}
+    return {
+        "steps": steps,
+        "values": [sum(c) / len(c) for c in cols],
+        "lo": [min(c) for c in cols],
+        "hi": [max(c) for c in cols],
+        "flops_per_step": runs[0]["flops_per_token"] * runs[0]["tokens_per_step"],
+    }
 
 
 def plot_deltas(pr, tables, path):
@@ -925,7 +1159,9 @@ def plot_deltas(pr, tables, path):
     plt = plt_module()
     rows = []
     for layout_name, t in tables["mesh"].items():
-        rows += [(f"{layout_name} {arm} − base", r["vs_base"]) for arm, r in t["arms"].items() if r["vs_base"]]
+        rows += [
+            (f"{layout_name} {arm} − base", r["vs_base"]) for arm, r in t["arms"].items() if r["vs_base"]
+        ]
     t = tables["t2mlr"]
     rows += [(f"{arm} − plain", r["vs_plain"]) for arm, r in t["arms"].items() if r["vs_plain"]]
     if t["plain_224_vs_t2mlr"]:
@@ -941,8 +1177,11 @@ def plot_deltas(pr, tables, path):
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(rows)), [r[0] for r in reversed(rows)], fontsize=8)
     ax.set_xlabel("paired Δ final val loss (bits/byte), 95% CI")
-    ax.set_title(f"{pr.mesh_seeds} / {pr.t2mlr_seeds} paired seeds (MeSH / T²MLR); green: lower, red: higher, "
-                 "gray: 0 inside the CI", fontsize=8)
+    ax.set_title(
+        f"{pr.mesh_seeds} / {pr.t2mlr_seeds} paired seeds (MeSH / T²MLR); green: lower, red: higher, "
+        "gray: 0 inside the CI",
+        fontsize=8,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -1033,19 +1272,35 @@ def figures(pr, summaries, tables, assets, prefix):
             if runs:
                 series.append({"label": f"{arm} ({len(runs)} seeds)", **seed_band(runs)})
         if series:
-            paths.append(plot_curves(series, os.path.join(assets, f"{prefix}_mesh_{ln}_curves.png"),
-                                     f"MeSH study, {ln} = {lay} (vanilla: 8 layers); mean and range over seeds",
-                                     "val loss (bits/byte)"))
+            paths.append(
+                plot_curves(
+                    series,
+                    os.path.join(assets, f"{prefix}_mesh_{ln}_curves.png"),
+                    f"MeSH study, {ln} = {lay} (vanilla: 8 layers); mean and range over seeds",
+                    "val loss (bits/byte)",
+                )
+            )
     series = []
     for arm in ("plain", "t2mlr", "plain_224", "plain_flops"):
         runs = arm_runs(summaries, "t2mlr", arm)
         if runs:
-            series.append({"label": f"{arm}, {runs[0]['steps']} steps ({len(runs)} seeds)", **seed_band(runs)})
+            series.append(
+                {"label": f"{arm}, {runs[0]['steps']} steps ({len(runs)} seeds)", **seed_band(runs)}
+            )
     if series:
-        paths.append(plot_curves(series, os.path.join(assets, f"{prefix}_t2mlr_curves.png"),
-                                 "T²MLR study: equal steps (left) and equal training FLOPs (right); exact val loss, "
-                                 "mean and range over seeds", "val loss (bits/byte)"))
-    if any(r.get("vs_base") for t in tables["mesh"].values() for r in t["arms"].values()) or tables["t2mlr"]["arms"]:
+        paths.append(
+            plot_curves(
+                series,
+                os.path.join(assets, f"{prefix}_t2mlr_curves.png"),
+                "T²MLR study: equal steps (left) and equal training FLOPs (right); exact val loss, "
+                "mean and range over seeds",
+                "val loss (bits/byte)",
+            )
+        )
+    if (
+        any(r.get("vs_base") for t in tables["mesh"].values() for r in t["arms"].values())
+        or tables["t2mlr"]["arms"]
+    ):
         paths.append(plot_deltas(pr, tables, os.path.join(assets, f"{prefix}_deltas.png")))
     if any(s.get("probe") for s in summaries.values()):
         paths.append(plot_diagnostics(pr, summaries, os.path.join(assets, f"{prefix}_diagnostics.png")))
@@ -1061,8 +1316,10 @@ def describe_run(model_cfg, train_cfg):
 
 
 def plot_main(argv):
-    p = argparse.ArgumentParser(prog="reproduce.py plot",
-                                description="Val-loss curves against steps and training FLOPs of train.py out_dirs.")
+    p = argparse.ArgumentParser(
+        prog="reproduce.py plot",
+        description="Val-loss curves against steps and training FLOPs of train.py out_dirs.",
+    )
     p.add_argument("out_dirs", nargs="+", help="folders written by train.py (each with log.jsonl)")
     p.add_argument("--out", default="curves.png", help="the figure to write (default curves.png)")
     p.add_argument("--nats", action="store_true", help="nats per token instead of bits per token")
@@ -1079,8 +1336,15 @@ def plot_main(argv):
                        "steps": list(val), "values": [v * scale for v in val.values()],
                        "flops_per_step": flops_per_token(mc) * tc["total_batch_size"]})
     # keys that differ between the runs go into the legend too
-    keys = sorted({k for mc, tc in configs for k in (mc | tc) if k not in SYSTEM and
-                   len({json.dumps((c[0] | c[1]).get(k)) for c in configs}) > 1} - {"max_iters", "lr_decay_iters"})
+    keys = sorted(
+        {
+            k
+            for mc, tc in configs
+            for k in (mc | tc)
+            if k not in SYSTEM and len({json.dumps((c[0] | c[1]).get(k)) for c in configs}) > 1
+        }
+        - {"max_iters", "lr_decay_iters"}
+    )
     for s, (mc, tc) in zip(series, configs):
         used = [k for k in keys if not (k == "n_layer" and mc.get("layout"))]    # a layout overrides n_layer
         extra = ", ".join(f"{k}={(mc | tc).get(k)}" for k in used[:4])
@@ -1109,11 +1373,26 @@ def starts_main(argv):
         T = model.cfg.block_size
         meta = train.load_meta(args.data_dir, T)
         starts = train.val_starts(meta["val_tokens"], T, args.windows)
-        loss = lambda mode: train.evaluate(model, os.path.join(args.data_dir, "val.bin"), meta["dtype"], starts,
-                                           16, T, "cpu", contextlib.nullcontext(), mode)
-        row = {"checkpoint": path, "exact": loss("exact"), "depths": [1, 2, 4, 8, 16], "zero": [], "plain": []}
+        loss = lambda mode: train.evaluate(
+            model,
+            os.path.join(args.data_dir, "val.bin"),
+            meta["dtype"],
+            starts,
+            16,
+            T,
+            "cpu",
+            contextlib.nullcontext(),
+            mode,
+        )
+        row = {
+            "checkpoint": path,
+            "exact": loss("exact"),
+            "depths": [1, 2, 4, 8, 16],
+            "zero": [],
+            "plain": [],
+        }
         for D in row["depths"]:
-            model.cfg.jacobi_iters = D
+            model.cfg.jacobi_sweeps = D
             for init in ("zero", "plain"):
                 model.cfg.jacobi_init = init
                 row[init].append(loss("jacobi") - row["exact"])
@@ -1124,6 +1403,85 @@ def starts_main(argv):
     write_json(args.out, {"windows": args.windows, "data_dir": args.data_dir, "runs": rows})
     print(f"wrote {args.out}")
     return rows
+
+
+def tolerance_run(out_dir, data_dir):
+    """One train.py run of the jacobi_tol comparison: its seed, the median step time and mean middle-layer
+    passes over the logged steps, the wall-clock (out_dir/done, written by the runner, when present), and
+    the exact val loss of its final checkpoint on the whole val split (nats/byte)."""
+    headers, _, _ = read_log(out_dir)                     # checks that out_dir is a train.py run
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        # the step rows (of a step logged twice by a resumed run, the last)
+        steps = {r["step"]: r for r in map(json.loads, f) if "loss" in r}.values()
+    model, ckpt = train.load_model(os.path.join(out_dir, "ckpt.pt"), "cpu")
+    T = model.cfg.block_size
+    meta = train.load_meta(data_dir, T)
+    windows = (meta["val_tokens"] - 1) // T
+    final = train.evaluate(model, os.path.join(data_dir, "val.bin"), meta["dtype"],
+                           train.val_starts(meta["val_tokens"], T, windows), 16, T, "cpu",
+                           contextlib.nullcontext(), "exact")
+    done = os.path.join(out_dir, "done")
+    wall = json.load(open(done))["wall_s"] if os.path.isfile(done) else None
+    ms = sorted(r["ms"] for r in steps)
+    steps = list(steps)
+    return {"out_dir": out_dir, "seed": headers[-1]["train_config"]["seed"],
+            "jacobi_tol": model.cfg.jacobi_tol,
+            "steps": ckpt["step"], "wall_s": wall, "median_step_ms": ms[len(ms) // 2],
+            "mean_passes": sum(r["jacobi_passes"] for r in steps) / len(steps),
+            "passes_by_step": {r["step"]: r["jacobi_passes"] for r in steps},
+            "final_exact_val_loss": final, "final_windows": windows}
+
+
+def tolerance_summary(fixed, tol):
+    """Pair the runs by seed: lists of tolerance_run dicts -> {seeds, per-seed (tol - fixed) val-loss
+    differences and wall / step-time / passes ratios, the seed spread of each arm, and the verdict}: the
+    tolerance is a win only if it is faster and its mean val-loss difference lies within the fixed arm's
+    seed spread (max - min over seeds)."""
+    by_seed = lambda runs: {r["seed"]: r for r in runs}
+    f, t = by_seed(fixed), by_seed(tol)
+    seeds = sorted(set(f) & set(t))
+    if not seeds:
+        raise ValueError("no seed has both a fixed-D and a tolerance run")
+    ratio = lambda key: [t[s][key] / f[s][key] for s in seeds if f[s][key] and t[s][key]]
+    val = lambda runs: [runs[s]["final_exact_val_loss"] for s in seeds]
+    diff = [t[s]["final_exact_val_loss"] - f[s]["final_exact_val_loss"] for s in seeds]
+    spread = max(val(f)) - min(val(f))
+    wall = ratio("wall_s") or ratio("median_step_ms")
+    out = {"seeds": seeds, "val_loss_diff": diff, "val_loss_diff_mean": sum(diff) / len(diff),
+           "fixed_val_loss": mean_std(val(f)), "tol_val_loss": mean_std(val(t)), "fixed_seed_spread": spread,
+           "wall_ratio": ratio("wall_s"), "step_ms_ratio": ratio("median_step_ms"),
+           "passes": {"fixed": [f[s]["mean_passes"] for s in seeds],
+                      "tol": [t[s]["mean_passes"] for s in seeds]}}
+    out["win"] = bool(sum(wall) / len(wall) < 1 and abs(out["val_loss_diff_mean"]) <= spread)
+    return out
+
+
+def tolerance_main(argv):
+    """`reproduce.py tolerance --fixed DIR ... --tol DIR ...`: fixed-D Jacobi training against jacobi_tol,
+    paired by seed (train.py runs of the same config): wall-clock, mean middle-layer passes and the exact
+    val loss of each final checkpoint on the whole val split. Prints a table, writes --out (JSON)."""
+    p = argparse.ArgumentParser(prog="reproduce.py tolerance",
+                                description=tolerance_main.__doc__.split("\n\n")[0])
+    p.add_argument("--fixed", nargs="+", required=True, help="out_dirs of the fixed-D runs")
+    p.add_argument("--tol", nargs="+", required=True, help="out_dirs of the jacobi_tol runs")
+    p.add_argument("--data_dir", default="data/pydoc", help="the data the runs were trained on")
+    p.add_argument("--out", default="results/jacobi_tol.json")
+    args = p.parse_args(argv)
+    fixed = [tolerance_run(d, args.data_dir) for d in args.fixed]
+    tol = [tolerance_run(d, args.data_dir) for d in args.tol]
+    summary = tolerance_summary(fixed, tol)
+    for r in fixed + tol:
+        print(f"{r['out_dir']}: seed {r['seed']}, tol {r['jacobi_tol']:g}, wall {r['wall_s']} s, median step "
+              f"{r['median_step_ms']:.0f} ms, mean passes {r['mean_passes']:.2f}, final exact val "
+              f"{r['final_exact_val_loss']:.4f} nats/byte ({r['final_windows']} windows)")
+    diffs = ", ".join(f"{d:+.4f}" for d in summary["val_loss_diff"])
+    print(f"tol - fixed val loss per seed: {diffs} (the fixed arm's seed spread "
+          f"{summary['fixed_seed_spread']:.4f}); wall ratio {summary['wall_ratio']}; win: {summary['win']}")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    write_json(args.out, {"command": "python reproduce.py tolerance " + " ".join(argv),
+                          "data_dir": args.data_dir, "fixed": fixed, "tol": tol, "summary": summary})
+    print(f"wrote {args.out}")
+    return summary
 
 
 # -----------------------------------------------------------------------------
@@ -1139,13 +1497,16 @@ def load_summary(path, run):
         old, new = summary.get("config", {}), run.fingerprint()
         diff = [f"{part}.{k}" for part in ("model", "train") for k in set(old.get(part, {})) | set(new[part])
                 if old.get(part, {}).get(k) != new[part].get(k)] or ["router settings"]
-        raise train.RunError(f"{path} was made with other settings ({', '.join(sorted(diff))}); delete it to re-run, "
-                             f"or pass another --results folder")
+        raise train.RunError(
+            f"{path} was made with other settings ({', '.join(sorted(diff))}); delete it to re-run, "
+            f"or pass another --results folder"
+        )
     return summary
 
 
 def write_json(path, obj):
-    """obj as indented JSON with every list of numbers on one line (small and diffable), written atomically."""
+    """obj as indented JSON with every list of numbers on one line (small and diffable), written
+    atomically."""
     text = re.sub(r"\[\s*([-+0-9.eE,\s]+?)\s*\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]",
                   json.dumps(obj, indent=1))
     tmp = path + ".tmp"
@@ -1155,21 +1516,37 @@ def write_json(path, obj):
 
 
 def study_main(argv):
-    p = argparse.ArgumentParser(description="Reproduce the MeSH and T²MLR papers' findings at laptop scale "
-                                            "(see the docstring). `reproduce.py plot ...` draws curves of any runs.")
-    p.add_argument("--quick", action="store_true", help="toy grid, every path end to end in under 2 minutes (CI)")
+    p = argparse.ArgumentParser(
+        description="Reproduce the MeSH and T²MLR papers' findings at laptop scale "
+        "(see the docstring). `reproduce.py plot ...` draws curves of any runs."
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="toy grid, every path end to end in under 2 minutes (CI)"
+    )
     p.add_argument("--plan", action="store_true", help="print the grid and its estimated time, run nothing")
     p.add_argument("--data_dir", default="data/fineweb_byte",
                    help="byte-token data (prepare_data.py, see the docstring)")
-    p.add_argument("--out_dir", default=None, help="checkpoints; default out/reproduce (quick: out/reproduce_quick)")
-    p.add_argument("--results", default=None, help="folder for reproduce/<run>.json, reproduce.json and reproduce.md;"
-                                                    " default results (quick: OUT_DIR/results)")
+    p.add_argument(
+        "--out_dir", default=None, help="checkpoints; default out/reproduce (quick: out/reproduce_quick)"
+    )
+    p.add_argument(
+        "--results",
+        default=None,
+        help="folder for reproduce/<run>.json, reproduce.json and reproduce.md;"
+        " default results (quick: OUT_DIR/results)",
+    )
     p.add_argument("--assets", default=None, help="figures; default assets (quick: OUT_DIR/assets)")
     p.add_argument("--device", default="cpu", help="training device (evaluation and probes run on the CPU)")
-    p.add_argument("--only", default=None, help="run only the runs whose name matches this regular expression")
+    p.add_argument(
+        "--only", default=None, help="run only the runs whose name matches this regular expression"
+    )
     p.add_argument("--max_minutes", type=float, default=None, help="start no run that would end after this")
-    p.add_argument("--threads", type=int, default=None, help="torch threads; default torch's (quick: 1, fastest at "
-                                                            "toy size and immune to a busy machine)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads; default torch's (quick: 1, fastest at " "toy size and immune to a busy machine)",
+    )
     for key in ("mesh_steps", "t2mlr_steps", "mesh_seeds", "t2mlr_seeds"):
         p.add_argument(f"--{key}", type=int, default=None, help=f"override the protocol's {key}")
     args = p.parse_args(argv)
@@ -1208,8 +1585,12 @@ def study_main(argv):
     console = sys.stdout
     progress = Progress(selected, {r.name: estimates[r.name] for r in selected}, console)
     summaries, t_start = {}, time.time()
-    print(f"reproduce ({pr.name}): {len(selected)} runs, est. {progress.total / 60:.0f} min on 2 idle CPU cores; "
-          f"data {args.data_dir}, checkpoints {out_root}, results {summary_dir}", flush=True)
+    print(
+        f"reproduce ({pr.name}): {len(selected)} runs, est. {progress.total / 60:.0f} min on 2 idle CPU "
+        "cores; "
+        f"data {args.data_dir}, checkpoints {out_root}, results {summary_dir}",
+        flush=True,
+    )
     stopped = False
     for r in runs:                       # the stored results of every run of the grid, --only or not
         s = load_summary(os.path.join(summary_dir, f"{r.name}.json"), r)
@@ -1223,7 +1604,10 @@ def study_main(argv):
         _, elapsed, _ = progress.eta()
         if args.max_minutes is not None and elapsed + estimates[run.name] * (
                 elapsed / progress.session_est if progress.session_est else 1.0) > 60 * args.max_minutes:
-            print(f"--max_minutes {args.max_minutes}: stopping before {run.name}; run again to continue", flush=True)
+            print(
+                f"--max_minutes {args.max_minutes}: stopping before {run.name}; run again to continue",
+                flush=True,
+            )
             stopped = True
             break
         out_dir = os.path.join(out_root, run.name)
@@ -1254,13 +1638,25 @@ def study_main(argv):
         paths = []
         print("figures skipped: pip install matplotlib", flush=True)
     data = {k: meta[k] for k in ("tokenizer", "train_tokens", "val_tokens", "sources") if k in meta}
-    report = {"protocol": asdict(pr), "data": data | {"data_dir": args.data_dir},
-              "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count()},
-              "complete": len(summaries) == len(runs), "n_runs": len(runs), "n_done": len(summaries),
-              "wall_s_runs": round(sum(s.get("wall_s", 0) for s in summaries.values()), 1),
-              "wall_s_this_session": round(time.time() - t_start, 1),
-              "resolution_bpb": resolution, "tables": tables, "claims": claims, "figures": paths,
-              "runs": summaries}
+    report = {
+        "protocol": asdict(pr),
+        "data": data | {"data_dir": args.data_dir},
+        "environment": {
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(),
+        },
+        "complete": len(summaries) == len(runs),
+        "n_runs": len(runs),
+        "n_done": len(summaries),
+        "wall_s_runs": round(sum(s.get("wall_s", 0) for s in summaries.values()), 1),
+        "wall_s_this_session": round(time.time() - t_start, 1),
+        "resolution_bpb": resolution,
+        "tables": tables,
+        "claims": claims,
+        "figures": paths,
+        "runs": summaries,
+    }
     write_json(os.path.join(results, "reproduce.json"), rounded(report))
     with open(os.path.join(results, "reproduce.md"), "w") as f:
         f.write(markdown(pr, tables, claims, resolution))
@@ -1277,6 +1673,8 @@ def main(argv=None):
         return plot_main(argv[1:])
     if argv[:1] == ["starts"]:
         return starts_main(argv[1:])
+    if argv[:1] == ["tolerance"]:
+        return tolerance_main(argv[1:])
     return study_main(argv)
 
 

@@ -64,7 +64,8 @@ def apply_action(state, action):
 
 def format_example(dictionary, actions):
     """Serialise one example. dictionary: [(permutation, code), ...] in prompt order; actions: [permutation].
-    Returns (input tokens, target tokens, control flow), three lists of equal length (2 + 2·value_len)·n + 1."""
+    Returns (input tokens, target tokens, control flow), three lists of equal length (2 + 2·value_len)·n +
+    1."""
     codes = dict(dictionary)
     value_len = len(dictionary[0][1])
     prompt = [tok for key, code in dictionary for tok in (perm_token(key), *code)] + ["|"]
@@ -93,7 +94,8 @@ def make_example(n: int, rng: random.Random, value_len: int = 4):
 
 class S5Tokenizer:
     """The reference's character tokenizer, 188 ids: <pad> <unk> <bos> <eos> (0-3), 52 letters (4-55),
-    10 digits (56-65), space (66), '|' (67), then the 120 permutation tokens in lexicographic order (68-187)."""
+    10 digits (56-65), space (66), '|' (67), then the 120 permutation tokens in lexicographic order (68-187).
+    """
 
     def __init__(self):
         self.vocab = (["<pad>", "<unk>", "<bos>", "<eos>"] + list(string.ascii_letters) + list(string.digits)
@@ -106,11 +108,14 @@ class S5Tokenizer:
         return re.findall(r"<A_\d{5}>|.", text, flags=re.S)
 
     def encode(self, tokens):
-        """A string or a list of token strings -> ids. Raises ValueError naming a token outside the vocabulary."""
+        """A string or a list of token strings -> ids. Raises ValueError naming a token outside the
+        vocabulary."""
         tokens = self.split(tokens) if isinstance(tokens, str) else tokens
         missing = [t for t in tokens if t not in self.ids]
         if missing:
-            raise ValueError(f"token {missing[0]!r} is not in the S5 vocabulary (letters, digits, ' ', '|', <A_abcde>)")
+            raise ValueError(
+                f"token {missing[0]!r} is not in the S5 vocabulary (letters, digits, ' ', '|', <A_abcde>)"
+            )
         return [self.ids[t] for t in tokens]
 
     def decode(self, ids) -> str:
@@ -143,23 +148,39 @@ def make_batch(examples, device="cpu"):
 @dataclass
 class S5Config:
     arch: str = "gpt"                     # 'gpt' (model.py: T²MLR when t2mlr=True) or 'lstm'
-    train_min_n: int = 1                  # training lengths n (actions) drawn uniformly from [train_min_n, train_max_n]
+    train_min_n: int = 1                  # training lengths n: uniform in [train_min_n, train_max_n]
     train_max_n: int = 12
     test_min_n: int = 1                   # evaluated at every n in [test_min_n, test_max_n]
     test_max_n: int = 24
     value_len: int = 4                    # characters per dictionary code
-    eval_examples: int = 64               # test examples per n in the final evaluation (during training: a quarter)
+    eval_examples: int = 64               # test examples per n in the final evaluation (training: a quarter)
     lstm_layers: int = 4                  # the LSTM baseline (arch='lstm')
-    lstm_hidden: int = 360                # the reference sweep's width (not parameter-matched; the configs match)
+    lstm_hidden: int = 360                # the reference sweep's width (the configs match parameters)
 
     def __post_init__(self):
         if self.arch not in ("gpt", "lstm"):
             raise ValueError(f"arch {self.arch!r} is not one of 'gpt', 'lstm'")
-        check_ranges(self, {name: ">= 1" for name in ("train_min_n", "train_max_n", "test_min_n", "test_max_n",
-                                                      "value_len", "eval_examples", "lstm_layers", "lstm_hidden")})
+        check_ranges(
+            self,
+            {
+                name: ">= 1"
+                for name in (
+                    "train_min_n",
+                    "train_max_n",
+                    "test_min_n",
+                    "test_max_n",
+                    "value_len",
+                    "eval_examples",
+                    "lstm_layers",
+                    "lstm_hidden",
+                )
+            },
+        )
         if self.train_min_n > self.train_max_n or self.test_min_n > self.test_max_n:
-            raise ValueError(f"need train_min_n <= train_max_n and test_min_n <= test_max_n; got "
-                             f"[{self.train_min_n}, {self.train_max_n}] and [{self.test_min_n}, {self.test_max_n}]")
+            raise ValueError(
+                f"need train_min_n <= train_max_n and test_min_n <= test_max_n; got "
+                f"[{self.train_min_n}, {self.train_max_n}] and [{self.test_min_n}, {self.test_max_n}]"
+            )
 
     def max_len(self, n: int) -> int:
         """Tokens in an example with n actions: (2 + 2·value_len)·n + 1."""
@@ -171,7 +192,8 @@ class S5Config:
 
 class LSTMLM(nn.Module):
     """Embedding (V x H) -> nn.LSTM (layers x H) -> the embedding matrix again as output head (tied).
-    forward(idx (B, T), targets (B, T) or None, **ignored) -> (logits (B, T, V), mean CE over labels != -1)."""
+    forward(idx (B, T), targets (B, T) or None, **ignored) -> (logits (B, T, V), mean CE over labels !=
+    -1)."""
 
     def __init__(self, vocab_size: int, hidden: int, layers: int):
         super().__init__()
@@ -181,12 +203,18 @@ class LSTMLM(nn.Module):
     def forward(self, idx, targets=None, **ignored):
         h, _ = self.lstm(self.wte(idx))
         logits = F.linear(h, self.wte.weight)
-        loss = None if targets is None else F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        loss = (
+            None
+            if targets is None
+            else F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        )
         return logits, loss
 
 
 def build_model(model_cfg: GPTConfig, s5: S5Config):
-    return GPT(model_cfg) if s5.arch == "gpt" else LSTMLM(model_cfg.vocab_size, s5.lstm_hidden, s5.lstm_layers)
+    return (
+        GPT(model_cfg) if s5.arch == "gpt" else LSTMLM(model_cfg.vocab_size, s5.lstm_hidden, s5.lstm_layers)
+    )
 
 
 def lstm_hidden_for(target_params: int, vocab_size: int, layers: int) -> int:
@@ -205,8 +233,9 @@ FIRST_PERM_ID = TOKENIZER.ids[perm_token(IDENTITY)]      # ids >= this are permu
 def score(logits, targets, control):
     """Per example counts, each a (B,) tensor, from logits (B, T, V) and targets, control (B, T):
     seq: 1 if every labelled position is right (the dictionary copy included), else 0;
-    answers / answers_right: tokens of the recurrent segment (c >= 2: states and codes) and how many are right;
-    states / states_right: the same for the state tokens alone (the permutation answers), codes = the rest."""
+    answers / answers_right: tokens of the recurrent segment (c >= 2: states and codes) and how many are
+    right; states / states_right: the same for the state tokens alone (the permutation answers), codes = the
+    rest."""
     labelled = targets != -1
     right = (logits.argmax(-1) == targets) & labelled
     answers = control >= 2
@@ -234,9 +263,16 @@ def evaluate(model, s5: S5Config, n_values, examples_per_n: int, device, autocas
                 logits, _ = model(idx, control=control)
             for key, counts in score(logits, targets, control).items():
                 totals[key] = totals.get(key, 0) + counts.sum().item()
-        codes, codes_right = totals["answers"] - totals["states"], totals["answers_right"] - totals["states_right"]
-        results[n] = {"seq_acc": totals["seq"] / len(examples), "token_acc": totals["answers_right"] / totals["answers"],
-                      "state_acc": totals["states_right"] / totals["states"], "code_acc": codes_right / codes}
+        codes, codes_right = (
+            totals["answers"] - totals["states"],
+            totals["answers_right"] - totals["states_right"],
+        )
+        results[n] = {
+            "seq_acc": totals["seq"] / len(examples),
+            "token_acc": totals["answers_right"] / totals["answers"],
+            "state_acc": totals["states_right"] / totals["states"],
+            "code_acc": codes_right / codes,
+        }
     model.train(was_training)
     return results
 
@@ -247,9 +283,13 @@ def evaluate(model, s5: S5Config, n_values, examples_per_n: int, device, autocas
 
 def train_batch(s5: S5Config, seed: int, step: int, batch_size: int, device):
     """The batch of training step `step`: batch_size examples with n uniform in [train_min_n, train_max_n],
-    drawn from a generator seeded by (seed, step) alone. Returns make_batch's (idx, targets, control), (B, T)."""
+    drawn from a generator seeded by (seed, step) alone. Returns make_batch's (idx, targets, control), (B,
+    T)."""
     rng = random.Random(seed * 1_000_000_007 + step)
-    examples = [make_example(rng.randint(s5.train_min_n, s5.train_max_n), rng, s5.value_len) for _ in range(batch_size)]
+    examples = [
+        make_example(rng.randint(s5.train_min_n, s5.train_max_n), rng, s5.value_len)
+        for _ in range(batch_size)
+    ]
     return make_batch(examples, device)
 
 
@@ -271,33 +311,44 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
     results_path = os.path.join(cfg.out_dir, "results.json")
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     if cfg.init_from not in ("scratch", "resume"):
-        raise ConfigError(f"init_from {cfg.init_from!r}: s5_retrieval.py starts from 'scratch' or continues with 'resume'")
+        raise ConfigError(
+            f"init_from {cfg.init_from!r}: s5_retrieval.py starts from 'scratch' or continues with 'resume'"
+        )
     if os.path.exists(results_path):
         with open(results_path) as f:
             results = json.load(f)
         check_same_run(results, model_cfg, s5, results_path)
-        if results["steps"] == cfg.max_iters:                      # finished: skip (a longer max_iters continues it)
+        # finished: skip (a longer max_iters continues it)
+        if results["steps"] == cfg.max_iters:
             return results
     needed = s5.max_len(max(s5.train_max_n, s5.test_max_n))
     if s5.arch == "gpt" and model_cfg.block_size < needed:
-        raise ConfigError(f"block_size = {model_cfg.block_size} is shorter than the longest example, "
-                          f"{needed} tokens at n = {max(s5.train_max_n, s5.test_max_n)}; set block_size >= {needed}")
+        raise ConfigError(
+            f"block_size = {model_cfg.block_size} is shorter than the longest example, "
+            f"{needed} tokens at n = {max(s5.train_max_n, s5.test_max_n)}; set block_size >= {needed}"
+        )
     if model_cfg.vocab_size < len(TOKENIZER.vocab):
-        raise ConfigError(f"vocab_size = {model_cfg.vocab_size} is smaller than the S5 vocabulary, {len(TOKENIZER.vocab)}")
+        raise ConfigError(
+            f"vocab_size = {model_cfg.vocab_size} is smaller than the S5 vocabulary, {len(TOKENIZER.vocab)}"
+        )
     device = resolve_device(cfg.device)
     device_type = device.split(":")[0]
     autocast = autocast_context(device_type, resolve_dtype(cfg.dtype, device_type))
     torch.manual_seed(cfg.seed)
     model = build_model(model_cfg, s5).to(device)
     # GPT's optimizer rule (decay on >= 2-D tensors) applies to the LSTM's parameters unchanged
-    optimizer = GPT.configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
+    optimizer = GPT.configure_optimizers(
+        model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type
+    )
     state = {"step": 0, "seconds": 0.0, "curve": []}
     if cfg.init_from == "resume":
         ckpt = load_checkpoint(ckpt_path)                           # RunError when there is none
         check_same_run(ckpt, model_cfg, s5, ckpt_path)
         if ckpt["state"]["step"] > cfg.max_iters:
-            raise ConfigError(f"max_iters = {cfg.max_iters} is below the {ckpt['state']['step']} steps {ckpt_path} "
-                              f"has already trained; give max_iters >= {ckpt['state']['step']}")
+            raise ConfigError(
+                f"max_iters = {cfg.max_iters} is below the {ckpt['state']['step']} steps {ckpt_path} "
+                f"has already trained; give max_iters >= {ckpt['state']['step']}"
+            )
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         state = ckpt["state"]
@@ -309,8 +360,17 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
         f"{n_params:,} parameters, steps {state['step']}..{cfg.max_iters}")
 
     def checkpoint():
-        save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
-                                    "model_config": asdict(model_cfg), "train_config": asdict(cfg), "s5_config": asdict(s5)})
+        save_checkpoint(
+            ckpt_path,
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "state": state,
+                "model_config": asdict(model_cfg),
+                "train_config": asdict(cfg),
+                "s5_config": asdict(s5),
+            },
+        )
 
     model.train()
     t0 = time.time() - state["seconds"]
@@ -349,9 +409,18 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
             checkpoint()
     train_seconds = state["seconds"] = time.time() - t0
     per_n = evaluate(model, s5, range(s5.test_min_n, s5.test_max_n + 1), s5.eval_examples, device, autocast)
-    results = {"arch": s5.arch, "t2mlr": s5.arch == "gpt" and model_cfg.t2mlr, "params": n_params,
-               "train_seconds": train_seconds, "steps": cfg.max_iters, "per_n": {str(n): r for n, r in per_n.items()},
-               "curve": state["curve"], "model_config": asdict(model_cfg), "train_config": asdict(cfg), "s5_config": asdict(s5)}
+    results = {
+        "arch": s5.arch,
+        "t2mlr": s5.arch == "gpt" and model_cfg.t2mlr,
+        "params": n_params,
+        "train_seconds": train_seconds,
+        "steps": cfg.max_iters,
+        "per_n": {str(n): r for n, r in per_n.items()},
+        "curve": state["curve"],
+        "model_config": asdict(model_cfg),
+        "train_config": asdict(cfg),
+        "s5_config": asdict(s5),
+    }
     checkpoint()
     with open(results_path + ".tmp", "w") as f:
         json.dump(results, f, indent=1)
@@ -374,11 +443,15 @@ def compare(overrides, root="out/s5"):
     for i, (name, path) in enumerate(COMPARE.items()):
         out_dir = os.path.join(root, os.path.splitext(os.path.basename(path))[0])
         resume = ["--init_from=resume"] if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else []
-        (model_cfg, cfg, s5), _ = load_config([path, *overrides, f"--out_dir={out_dir}", *resume], GPTConfig, TrainConfig, S5Config)
+        (model_cfg, cfg, s5), _ = load_config(
+            [path, *overrides, f"--out_dir={out_dir}", *resume], GPTConfig, TrainConfig, S5Config
+        )
         print(f"[{i + 1}/{len(COMPARE)}] {name}")
         all_results[name] = train(model_cfg, cfg, s5)
     stem = os.path.join(root, "s5_retrieval")
-    command = " ".join(["python s5_retrieval.py --compare", *overrides] + ([f"--out_dir={root}"] if root != "out/s5" else []))
+    command = " ".join(
+        ["python s5_retrieval.py --compare", *overrides] + ([f"--out_dir={root}"] if root != "out/s5" else [])
+    )
     with open(stem + ".json", "w") as f:
         json.dump({"command": command, "results": all_results}, f, indent=1)
     plot(all_results, stem + ".png")
@@ -415,7 +488,11 @@ def plot(all_results, path):
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     axes[2].legend(fontsize=7)
-    bound = f"dashed 2^L = {depth_bound} (L = {first['model_config']['n_layer']} layers), " if depth_bound <= max(ns) else ""
+    bound = (
+        f"dashed 2^L = {depth_bound} (L = {first['model_config']['n_layer']} layers), "
+        if depth_bound <= max(ns)
+        else ""
+    )
     axes[0].set_title(f"S5-Retrieval: {bound}dotted = longest training n ({train_max})", fontsize=9)
     axes[2].set_xlabel("n (actions)")
     fig.tight_layout()
@@ -433,8 +510,15 @@ def plot_curves(all_results, path, plt):
         color = f"C{i}"
         curve = r["curve"]
         axes[0].plot([row["step"] for row in curve], [row["loss"] for row in curve], color=color, label=name)
-        for key, style in ((k, "-" if j == 0 else "--") for j, k in enumerate(sorted(
-                {k for row in curve for k in row if k.startswith("token_acc@")}, key=lambda k: int(k.split("@")[1])))):
+        for key, style in (
+            (k, "-" if j == 0 else "--")
+            for j, k in enumerate(
+                sorted(
+                    {k for row in curve for k in row if k.startswith("token_acc@")},
+                    key=lambda k: int(k.split("@")[1]),
+                )
+            )
+        ):
             rows = [row for row in curve if key in row]
             axes[1].plot([row["step"] for row in rows], [row[key] for row in rows], style, color=color,
                          label=f"{name}, n = {key.split('@')[1]}")
@@ -448,8 +532,17 @@ def plot_curves(all_results, path, plt):
     plt.close(fig)
 
 
-QUICK = ["config/s5_tiny_t2mlr.py", "--max_iters=30", "--eval_interval=30", "--log_interval=10", "--train_max_n=4",
-         "--test_max_n=6", "--eval_examples=8", "--out_dir=out/s5_quick", "--warmup_iters=3"]
+QUICK = [
+    "config/s5_tiny_t2mlr.py",
+    "--max_iters=30",
+    "--eval_interval=30",
+    "--log_interval=10",
+    "--train_max_n=4",
+    "--test_max_n=6",
+    "--eval_examples=8",
+    "--out_dir=out/s5_quick",
+    "--warmup_iters=3",
+]
 
 
 def main(argv):
@@ -457,8 +550,10 @@ def main(argv):
     files = [a for a in argv if not a.startswith("--")]
     if "--compare" in argv or "--quick" in argv:
         if files:                       # they bring their own configs: a file would silently override them
-            raise ConfigError(f"{'--compare' if '--compare' in argv else '--quick'} takes --key=value overrides only, "
-                              f"not a config file ({files[0]})")
+            raise ConfigError(
+                f"{'--compare' if '--compare' in argv else '--quick'} takes --key=value overrides only, "
+                f"not a config file ({files[0]})"
+            )
     elif not files:
         raise ConfigError("give a config file (e.g. config/s5_tiny_t2mlr.py), --quick or --compare")
     if "--compare" in argv:

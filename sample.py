@@ -21,17 +21,17 @@ from train import RunError, autocast_context, load_model, resolve_device, resolv
 @dataclass
 class SampleConfig:
     out_dir: str = "out"                  # folder holding ckpt.pt
-    start: str = "\n"                     # the prompt, or FILE:<path> to read it from a file; "" = the EOT token
+    start: str = "\n"                     # the prompt, or FILE:<path> to read it from; "" = the EOT token
     num_samples: int = 3                  # independent samples, printed one after another
     max_new_tokens: int = 500             # tokens generated per sample
     temperature: float = 0.8              # < 1 sharpens, > 1 flattens the distribution; 0 = greedy
-    top_k: Optional[int] = 200            # sample among the k most likely tokens (clamped to the vocabulary); None = all
+    top_k: Optional[int] = 200            # sample among the k most likely tokens (at most V); None = all
     seed: int = 1337                      # seeds the sampling generator: same seed, same samples
-    recurrent_prompt: bool = True         # T²MLR: the prompt's tokens recurrent (c = 2), as train.py trains on text; False = c = 1
-    prefill: str = "exact"                # T²MLR: the prompt token by token ('exact') or by parallel Jacobi sweeps ('converged')
-    prefill_tol: float = 0.0              # prefill 'converged': stop the sweeps once the state moves less than this; 0 = until exact
+    recurrent_prompt: bool = True         # T²MLR: prompt tokens recurrent (c = 2, as trained); False: c = 1
+    prefill: str = "exact"                # T²MLR: the prompt token by token ('exact'), or 'converged'
+    prefill_tol: float = 0.0              # 'converged': stop once the state moves less than this; 0 = exact
     device: str = "auto"                  # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'mps'
-    dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), 'float32', 'bfloat16', 'float16'
+    dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), float32, bfloat16
 
     def __post_init__(self):
         check_ranges(self, SAMPLE_RANGES)
@@ -54,7 +54,7 @@ def main(argv):
     autocast = autocast_context(device_type, resolve_dtype(cfg.dtype, device_type))
 
     path = os.path.join(cfg.out_dir, "ckpt.pt")
-    model, ckpt = load_model(path, device)             # eval mode: T²MLR generates with the exact recurrence
+    model, ckpt = load_model(path, device)             # eval mode; generate runs T²MLR exactly (its cache)
     model_cfg = model.cfg
     if "tokenizer" not in ckpt:          # e.g. an s5_retrieval.py run, which scores itself
         raise RunError(f"{path} names no tokenizer: it is not a checkpoint of train.py")
@@ -70,16 +70,27 @@ def main(argv):
             raise RunError(f"cannot read prompt file {text[5:]}: {e.strerror}")
     ids = tokenizer.encode(text) or [tokenizer.eot]   # the model needs at least one token to condition on
     if len(ids) > model_cfg.block_size:
-        print(f"prompt has {len(ids)} tokens; keeping its last block_size = {model_cfg.block_size}", file=sys.stderr)
+        print(
+            f"prompt has {len(ids)} tokens; keeping its last block_size = {model_cfg.block_size}",
+            file=sys.stderr,
+        )
         ids = ids[-model_cfg.block_size:]
     idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
 
     with autocast:
-        out = model.generate(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, generator=generator,
-                             recurrent_prompt=cfg.recurrent_prompt, prefill=cfg.prefill, prefill_tol=cfg.prefill_tol)
+        out = model.generate(
+            idx,
+            cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            generator=generator,
+            recurrent_prompt=cfg.recurrent_prompt,
+            prefill=cfg.prefill,
+            prefill_tol=cfg.prefill_tol,
+        )
     if model_cfg.t2mlr and cfg.prefill == "converged":      # the prompt's (or the last slid window's) sweeps
-        print(f"prefill: parallel Jacobi, tol {cfg.prefill_tol:g}: {model.jacobi_passes} middle-block passes "
+        print(f"prefill: parallel Jacobi, tol {cfg.prefill_tol:g}: {model.jacobi_passes} middle-layer passes "
               f"(exact prefill: one per token)", file=sys.stderr)
     for row in out.tolist():
         # ids >= the tokenizer's vocabulary are padding rows of the embedding, never seen in training; drop

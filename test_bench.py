@@ -23,13 +23,22 @@ def test_bench_runs_and_writes_every_key(tmp_path, capsys):
                     "decode_ms_per_token", "decode_ratio", "flop_ratio"):
             assert v[key] > 0, key
     assert r["variants"]["vanilla"]["fwd_bwd_ratio"] == 1.0 and r["variants"]["plain"]["decode_ratio"] == 1.0
-    assert r["variants"]["t2mlr"]["memory_mb"] > r["variants"]["plain"]["memory_mb"]   # b+1 copies of the middle block
-    assert set(r["targets"]) == {"t2mlr_jacobi", "t2mlr_decode", "t2mlr_prefill", "mesh_vs_base", "vanilla_mfu"}
+    # b+1 copies of the middle layers
+    assert r["variants"]["t2mlr"]["memory_mb"] > r["variants"]["plain"]["memory_mb"]
+    assert set(r["targets"]) == {
+        "t2mlr_jacobi",
+        "t2mlr_decode",
+        "t2mlr_prefill",
+        "mesh_vs_base",
+        "vanilla_mfu",
+    }
     assert r["prefill"]["tokens"] == [4, 64] and r["matmul_peak_flops"] > 0
     o = r["jacobi_options"]
-    assert 1 < o["tol"]["passes_mean"] <= 16 and o["checkpoint"]["memory_vs_fixed"] < 1      # fewer bytes held
+    # fewer bytes held
+    assert 1 < o["tol"]["passes_mean"] <= 16 and o["checkpoint"]["memory_vs_fixed"] < 1
     assert [p["tokens"] for p in r["jacobi_prefill"]] == [8, 24]
-    for p in r["jacobi_prefill"]:                                  # tol 0: sweeps to the exactness front, T passes
+    # tol 0: sweeps to the exactness front, T passes
+    for p in r["jacobi_prefill"]:
         assert p["passes"] == p["tokens"] and p["max_logit_diff"] < 1e-3 and p["ratio"] > 0
     printed = capsys.readouterr().out
     assert "| vanilla |" in printed and "| 24 tokens | 24 |" in printed
@@ -47,7 +56,8 @@ class LinearChain(torch.nn.Module):
 
     def forward(self, x, y):
         for _ in range(self.dead):
-            self.discarded.append(weakref.ref(torch.tanh(self.layers[0](x))))   # never used: backward never visits it
+            # never used: backward never visits it
+            self.discarded.append(weakref.ref(torch.tanh(self.layers[0](x))))
         h = x
         for layer in self.layers:
             h = torch.tanh(layer(h))
@@ -56,7 +66,7 @@ class LinearChain(torch.nn.Module):
 
 def chain_memory(dead):
     torch.manual_seed(0)
-    model = LinearChain(dead=dead).float()          # float32 by hand, whatever the default dtype (test_equivalence sets float64)
+    model = LinearChain(dead=dead).float()          # float32 by hand, whatever the default dtype
     optimizer = torch.optim.AdamW(model.parameters())
     x = torch.randn(32, 64, dtype=torch.float32)
     return bench.train_memory_mb(model, optimizer, x, None, "cpu", nullcontext()), model

@@ -53,7 +53,9 @@ def load_split(folder, split):
     """Read a .bin file as train.py would: sizes must match meta.json exactly."""
     meta = json.loads((folder / "meta.json").read_text())
     tokens = np.fromfile(folder / f"{split}.bin", dtype=meta["dtype"])
-    assert (folder / f"{split}.bin").stat().st_size == meta[f"{split}_tokens"] * np.dtype(meta["dtype"]).itemsize
+    assert (folder / f"{split}.bin").stat().st_size == meta[f"{split}_tokens"] * np.dtype(
+        meta["dtype"]
+    ).itemsize
     return tokens
 
 
@@ -155,7 +157,9 @@ def test_pipeline_refuses_ids_that_would_wrap(tmp_path, monkeypatch):
 @needs_fineweb
 @needs_gpt2_cache
 def test_golden_token_counts_fineweb(tmp_path):
-    records = [json.loads(line) for f in sorted(FINEWEB.glob("*.jsonl")) for line in open(f, encoding="utf-8")]
+    records = [
+        json.loads(line) for f in sorted(FINEWEB.glob("*.jsonl")) for line in open(f, encoding="utf-8")
+    ]
     golden = [r for r in records if "token_count" in r]
     assert len(golden) == 1623
     tok = get_tokenizer("gpt2")
@@ -164,10 +168,15 @@ def test_golden_token_counts_fineweb(tmp_path):
     assert len(tok.encode(golden[0]["text"])) == golden[0]["token_count"]
 
     # Pipeline level: the two files whose records all carry token_count, in 2 processes.
-    files = [f for f in sorted(FINEWEB.glob("*.jsonl")) if all("token_count" in json.loads(line) for line in open(f))]
+    files = [
+        f
+        for f in sorted(FINEWEB.glob("*.jsonl"))
+        if all("token_count" in json.loads(line) for line in open(f))
+    ]
     assert sum(1 for f in files for _ in open(f)) == 1623
     meta, folder = run(tmp_path, "--input", *files, "--tokenizer", "gpt2", "--num_proc", 2)
-    assert meta["train_tokens"] + meta["val_tokens"] == sum(r["token_count"] for r in golden) + 1623  # + one EOT each
+    # + one EOT each
+    assert meta["train_tokens"] + meta["val_tokens"] == sum(r["token_count"] for r in golden) + 1623
     assert meta["train_docs"] + meta["val_docs"] == 1623 and meta["val_docs"] >= 1
     assert (meta["dtype"], meta["eot"], meta["vocab_size"]) == ("uint16", 50256, 50257)
     # val holds exactly the documents whose hash is below val_fraction, and they decode back to the text
@@ -187,7 +196,8 @@ def test_eot_after_each_document_and_empty_docs_skipped(tmp_path):
     kept = ["alpha", "béta ✓", "gamma\n\nend"]
     train, val = byte_docs(folder, "train"), byte_docs(folder, "val")
     assert sorted(train + val) == sorted(kept)  # the bins decode back to the documents
-    assert train == [t for t in kept if t in train] and val == [t for t in kept if t in val]  # input order kept
+    # input order kept
+    assert train == [t for t in kept if t in train] and val == [t for t in kept if t in val]
     assert meta["train_docs"] + meta["val_docs"] == 3
     assert meta["train_tokens"] + meta["val_tokens"] == sum(len(t.encode()) + 1 for t in kept)
     for split in ("train", "val"):
@@ -308,7 +318,10 @@ def test_interrupted_run_leaves_nothing_train_py_accepts(tmp_path, monkeypatch):
     fresh = tmp_path / "fresh"
     with pytest.raises(OSError):
         main(["--input", str(src), "--tokenizer", "byte", "--out_dir", str(fresh)])
-    assert seen["at_meta"] == {"train.bin": 2 * seen["meta"]["train_tokens"], "val.bin": 2 * seen["meta"]["val_tokens"]}
+    assert seen["at_meta"] == {
+        "train.bin": 2 * seen["meta"]["train_tokens"],
+        "val.bin": 2 * seen["meta"]["val_tokens"],
+    }
     assert sorted(p.name for p in (fresh / "in").iterdir()) == ["train.bin", "val.bin"]  # no meta.json
 
 
@@ -321,10 +334,25 @@ def test_sigkill_mid_write_leaves_data_train_py_refuses(tmp_path):
     assert cli("--input", src, "--tokenizer", "byte", "--out_dir", out, "--num_proc", "1").returncode == 0
     folder = out / "in"
     os.mkfifo(folder / "train.bin.tmp")
-    victim = subprocess.Popen([sys.executable, str(REPO / "prepare_data.py"), "--input", str(src), "--tokenizer",
-                               "byte", "--out_dir", str(out), "--num_proc", "1"], stderr=subprocess.PIPE)
+    victim = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "prepare_data.py"),
+            "--input",
+            str(src),
+            "--tokenizer",
+            "byte",
+            "--out_dir",
+            str(out),
+            "--num_proc",
+            "1",
+        ],
+        stderr=subprocess.PIPE,
+    )
     reader = {}
-    opener = threading.Thread(target=lambda: reader.setdefault("f", open(folder / "train.bin.tmp", "rb")), daemon=True)
+    opener = threading.Thread(
+        target=lambda: reader.setdefault("f", open(folder / "train.bin.tmp", "rb")), daemon=True
+    )
     opener.start()
     while opener.is_alive():                          # until prepare_data.py opens train.bin.tmp to write it
         opener.join(0.5)
@@ -340,8 +368,10 @@ def test_sigkill_mid_write_leaves_data_train_py_refuses(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "train.py"), f"--data_dir={folder}", "--block_size=32",
                         "--vocab_size=320", "--device=cpu"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert r.stderr.startswith(f"error: no {folder}/meta.json (an interrupted prepare_data.py run left *.tmp files): "
-                               f"prepare the data first with `python prepare_data.py --input <your files> --name in")
+    assert r.stderr.startswith(
+        f"error: no {folder}/meta.json (an interrupted prepare_data.py run left *.tmp files): "
+        f"prepare the data first with `python prepare_data.py --input <your files> --name in"
+    )
     (folder / "train.bin.tmp").unlink()               # a re-run recovers
     assert cli("--input", src, "--tokenizer", "byte", "--out_dir", out, "--num_proc", "1").returncode == 0
     assert (folder / "meta.json").exists() and not list(folder.glob("*.tmp"))
@@ -382,7 +412,9 @@ def test_unknown_extension_and_missing_file(tmp_path):
     with pytest.raises(DataError, match=r"data\.csv.*\.jsonl, \.jsonl\.gz, \.parquet, \.txt"):
         main(["--input", str(tmp_path / "data.csv"), "--tokenizer", "byte", "--out_dir", str(tmp_path / "o")])
     with pytest.raises(DataError, match="not found: .*nope.jsonl"):
-        main(["--input", str(tmp_path / "nope.jsonl"), "--tokenizer", "byte", "--out_dir", str(tmp_path / "o")])
+        main(
+            ["--input", str(tmp_path / "nope.jsonl"), "--tokenizer", "byte", "--out_dir", str(tmp_path / "o")]
+        )
     assert not (tmp_path / "o").exists()
 
 
@@ -398,10 +430,13 @@ def test_download_failure_points_to_input(tmp_path, monkeypatch, client):
     out = tmp_path / "out"
     (out / "fineweb_edu").mkdir(parents=True)
     (out / "fineweb_edu" / "meta.json").write_text("{}")  # an earlier, complete dataset
-    with pytest.raises(DataError, match="could not download FineWeb-Edu shard sample/10BT/000_00000.parquet") as e:
+    with pytest.raises(
+        DataError, match="could not download FineWeb-Edu shard sample/10BT/000_00000.parquet"
+    ) as e:
         main(["--tokenizer", "byte", "--out_dir", str(out)])
     assert "--input" in str(e.value) and "\n" not in str(e.value)
-    assert sorted(p.name for p in out.rglob("*")) == ["fineweb_edu", "meta.json"]  # nothing written or removed
+    # nothing written or removed
+    assert sorted(p.name for p in out.rglob("*")) == ["fineweb_edu", "meta.json"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,7 +463,8 @@ def test_cli_fineweb_head_gpt2(tmp_path):
     assert r.returncode == 0, r.stderr
     folder = tmp_path / "fineweb_edu_sample10bt_head"
     meta = json.loads((folder / "meta.json").read_text())
-    assert meta["train_tokens"] + meta["val_tokens"] == 73_077 + 124  # SOURCES.md token total + one EOT per doc
+    # SOURCES.md token total + one EOT per doc
+    assert meta["train_tokens"] + meta["val_tokens"] == 73_077 + 124
     assert meta["train_docs"] + meta["val_docs"] == 124 and meta["val_docs"] >= 1
     assert load_split(folder, "train").max() == 50256  # ids are real GPT-2 ids, the largest being EOT
 
@@ -436,4 +472,6 @@ def test_cli_fineweb_head_gpt2(tmp_path):
 def test_cli_error_is_one_line_and_nonzero(tmp_path):
     r = cli("--input", tmp_path / "missing.jsonl", "--tokenizer", "byte", "--out_dir", tmp_path)
     assert r.returncode == 1
-    assert r.stderr.strip().startswith("error: input file not found") and len(r.stderr.strip().splitlines()) == 1
+    assert (
+        r.stderr.strip().startswith("error: input file not found") and len(r.stderr.strip().splitlines()) == 1
+    )

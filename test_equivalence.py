@@ -16,16 +16,29 @@ import torch
 
 from model import GPT, GPTConfig, shift_right, summary, update_state
 
-torch.set_default_dtype(torch.float64)
+
+@pytest.fixture(autouse=True)
+def float64_default():
+    """Every test in this file builds its models and tensors in float64 (the 1e-12 tolerances need it). The
+    default is set per test and restored after, so tests in other files keep running in float32."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
 
 TINY = dict(vocab_size=64, block_size=48, n_embd=32, n_head=4)
 TINY_LLAMA = dict(TINY, flavour="llama", n_kv_head=2, mlp_hidden=48, rope_theta=100000.0)
 VARIANTS = {
     "vanilla_neox": dict(TINY, n_layer=4),
     "vanilla_llama": dict(TINY_LLAMA, n_layer=4),
-    **{f"recursive_{mode}": dict(TINY, layout="1+2R2+1", state_mode=mode)
-       for mode in ("base", "residual", "anchor", "anchor_star", "mesh")},
-    "mesh_emb_router_llama": dict(TINY_LLAMA, layout="1+1R3+1", state_mode="mesh", mesh_trans_router_in="emb"),
+    **{
+        f"recursive_{mode}": dict(TINY, layout="1+2R2+1", state_mode=mode)
+        for mode in ("base", "residual", "anchor", "anchor_star", "mesh")
+    },
+    "mesh_emb_router_llama": dict(
+        TINY_LLAMA, layout="1+1R3+1", state_mode="mesh", mesh_trans_router_in="emb"
+    ),
     "t2mlr_llama": dict(TINY_LLAMA, n_layer=5, t2mlr=True, l_start=1, l_end=3),
     "t2mlr_neox_detached": dict(TINY, n_layer=4, t2mlr=True, l_start=1, l_end=-2, state_detach=True),
     "t2mlr_no_residual": dict(TINY_LLAMA, n_layer=4, t2mlr=True, l_start=0, l_end=-1, state_residual=False),
@@ -63,7 +76,8 @@ def test_one_loop_layout_equals_vanilla():
 
 
 def one_hot_routers(model, reads, writes):
-    """Force every router to a one-hot slot choice: zero weights, bias +1e4 on the chosen slot (softmax -> exactly 1)."""
+    """Force every router to a one-hot slot choice: zero weights, bias +1e4 on the chosen slot (softmax ->
+    exactly 1)."""
     with torch.no_grad():
         for routers, slots in ((model.mesh.write_routers, writes), (model.mesh.read_routers, reads)):
             for router, slot in zip(routers, slots):
@@ -121,7 +135,8 @@ def test_mesh_routers_are_not_symmetric_at_init():
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_kv_cache_equals_full_recompute(name, grad):
     """Prefill a prompt, then decode one token at a time and in a chunk: logits equal one full forward.
-    Both cache paths: written in place (no autograd) and concatenated (autograd on), and a switch between them."""
+    Both cache paths: written in place (no autograd) and concatenated (autograd on), and a switch between
+    them."""
     model = build(**VARIANTS[name])
     idx = tokens(T=30)
     full, _ = model(idx)
@@ -149,7 +164,8 @@ def test_causality(name):
 
 
 PAPER_COUNTS = [   # (config fields, non-embedding parameters, router parameters): Pythia's published counts,
-    # the MeSH paper's Table 5 and its router formula (with biases); last row: the T²MLR reference's SmolLM2-135M
+    # the MeSH paper's Table 5 and its router formula (with biases); last row: the T²MLR reference's
+    # SmolLM2-135M
     (dict(n_embd=768, n_head=12, n_layer=12), 85_056_000, 0),
     (dict(n_embd=768, n_head=12, layout="2+4R2+2", state_mode="mesh"), 56_704_512, 23_070),
     (dict(n_embd=1024, n_head=16, n_layer=24), 302_311_424, 0),
@@ -174,7 +190,8 @@ def test_paper_parameter_counts(fields, non_embedding, router):
 
 
 def test_pythia_total_and_summary():
-    """Vanilla 1.4B total equals Pythia-1.4B's published 1,414,647,808; the summary prints the paper's numbers."""
+    """Vanilla 1.4B total equals Pythia-1.4B's published 1,414,647,808; the summary prints the paper's
+    numbers."""
     with torch.device("meta"):
         model = GPT(GPTConfig(vocab_size=50304, n_embd=2048, n_head=16, n_layer=24))
     assert model.param_counts()["total"] == 1_414_647_808
@@ -189,7 +206,7 @@ def naive_t2mlr_logits(model, idx):
     """The obvious O(T²) recurrence: for each t, run the FULL stack on idx[:, :t+1] with the known states
     R_{-1}..R_{t-1} injected at l_start, read h_t at l_end, and set R_t = update_state(h_t, R_{t-1})."""
     cfg = model.cfg
-    lower, middle, upper = model.split_stack()
+    lower, middle, upper = model.lower, model.middle, model.upper
     B, T = idx.shape
     states = [torch.zeros(B, 1, cfg.n_embd)]                    # R_{-1} = 0
     logits = []
@@ -210,9 +227,13 @@ def test_jacobi_full_depth_equals_exact_equals_naive(name):
     """Jacobi with D >= T is exact (each sweep makes one more position exact): the same logits as exact mode
     and the naive loop."""
     T = 12
-    model = build(**dict(VARIANTS[name], jacobi_iters=T, jacobi_grad_iters=2))
+    model = build(**dict(VARIANTS[name], jacobi_sweeps=T, jacobi_grad_sweeps=2))
     idx = tokens(T=T)
-    jacobi, exact, naive = model(idx, mode="jacobi")[0], model(idx, mode="exact")[0], naive_t2mlr_logits(model, idx)
+    jacobi, exact, naive = (
+        model(idx, mode="jacobi")[0],
+        model(idx, mode="exact")[0],
+        naive_t2mlr_logits(model, idx),
+    )
     assert (jacobi - naive).abs().max() <= 1e-12
     assert (exact - naive).abs().max() <= 1e-12
     assert (exact - model(idx)[0]).abs().max() == 0               # eval() defaults to exact
@@ -222,7 +243,7 @@ def test_jacobi_full_depth_equals_exact_equals_naive(name):
 def test_jacobi_gradients_equal_exact_gradients(name):
     """With D >= T and b >= D the Jacobi graph computes the exact function, so every gradient agrees."""
     T = 10
-    model = build(**dict(VARIANTS[name], jacobi_iters=T, jacobi_grad_iters=T)).train()
+    model = build(**dict(VARIANTS[name], jacobi_sweeps=T, jacobi_grad_sweeps=T)).train()
     idx, targets = tokens(T=T), tokens(T=T, seed=2)
     grads = {}
     for mode in ("jacobi", "exact"):
@@ -242,7 +263,7 @@ def test_jacobi_exactness_front_and_convergence():
     model = build(**VARIANTS["t2mlr_llama"])
     exact = model(idx, mode="exact")[0]
     for D in (1, 4, 9):
-        model.cfg.jacobi_iters = D
+        model.cfg.jacobi_sweeps = D
         diff = (model(idx, mode="jacobi")[0] - exact).abs().amax(dim=(0, 2))
         assert diff[:D].max() <= 1e-12 and diff[D] > 1e-6, D
     with torch.no_grad():
@@ -251,13 +272,14 @@ def test_jacobi_exactness_front_and_convergence():
     exact = model(idx, mode="exact")[0]
     errors = []
     for D in (2, 4, 8, 16):
-        model.cfg.jacobi_iters = D
+        model.cfg.jacobi_sweeps = D
         errors.append((model(idx, mode="jacobi")[0] - exact).abs().max().item())
     assert all(a > b for a, b in zip(errors, errors[1:])) and errors[-1] < errors[0] / 10, errors
 
 
 def test_zero_global_gates_equal_vanilla():
-    """θ_r = θ_x = 0 makes the gate an exact identity: T²MLR logits equal the vanilla model's, in both modes."""
+    """θ_r = θ_x = 0 makes the gate an exact identity: T²MLR logits equal the vanilla model's, in both
+    modes."""
     fields = dict(TINY_LLAMA, n_layer=5)
     vanilla = build(**fields)
     t2mlr = GPT(GPTConfig(**fields, t2mlr=True, l_start=1, l_end=3)).eval()    # gate at its identity init
@@ -291,7 +313,8 @@ def test_state_update_clamps_its_stop_gradient_scale():
     r.sum().backward()
     assert torch.allclose(h.grad, torch.full((1, 1, 4), 0.2))     # the scale is a constant for autograd
     small = update_state(torch.full((1, 1, 4), 0.5), torch.zeros(1, 1, 4), residual=True, detach=False)
-    assert torch.allclose(small, torch.full((1, 1, 4), 1 / 1.000004 ** 0.5), atol=1e-15, rtol=0)   # s = 1/sqrt(0.25 + 1e-6)
+    # s = 1/sqrt(0.25 + 1e-6)
+    assert torch.allclose(small, torch.full((1, 1, 4), 1 / 1.000004 ** 0.5), atol=1e-15, rtol=0)
 
 
 def test_retrofit_from_a_vanilla_checkpoint(tmp_path):
@@ -304,7 +327,8 @@ def test_retrofit_from_a_vanilla_checkpoint(tmp_path):
     t2mlr = GPT(GPTConfig(**fields, t2mlr=True, l_start=1, l_end=3)).eval()
     init_weights_from(t2mlr, str(tmp_path / "ckpt.pt"))
     idx = tokens()
-    assert torch.equal(t2mlr(idx, mode="jacobi")[0], vanilla(idx)[0])       # the same operations: bit-identical
+    # the same operations: bit-identical
+    assert torch.equal(t2mlr(idx, mode="jacobi")[0], vanilla(idx)[0])
     assert torch.allclose(t2mlr(idx, mode="exact")[0], vanilla(idx)[0], atol=1e-12, rtol=0)   # token by token
     wider = GPT(GPTConfig(**dict(fields, n_embd=48), t2mlr=True, l_start=1, l_end=3))
     with pytest.raises(RunError, match=r"wte.weight \(64, 32\) vs \(64, 48\)"):
@@ -328,7 +352,7 @@ def naive_control_logits(model, idx, control):
     known states R_{-1}..R_{t-1} only into positions with c > 1; then R_t = update(h_t, R_{t-1}) if c_t > 1,
     else the raw h_t. Written without model.py's mask helpers."""
     cfg = model.cfg
-    lower, middle, upper = model.split_stack()
+    lower, middle, upper = model.lower, model.middle, model.upper
     B, T = idx.shape
     states = [torch.zeros(B, 1, cfg.n_embd)]
     logits = []
@@ -338,7 +362,9 @@ def naive_control_logits(model, idx, control):
         is_rec = (control[:, :t + 1] >= 2)[..., None].to(x.dtype)
         h = model.run_layers(is_rec * mixed + (1 - is_rec) * x, middle, 0)
         h_t, rec_t = h[:, -1:], is_rec[:, -1:]
-        states.append(rec_t * update_state(h_t, states[-1], cfg.state_residual, cfg.state_detach) + (1 - rec_t) * h_t)
+        states.append(
+            rec_t * update_state(h_t, states[-1], cfg.state_residual, cfg.state_detach) + (1 - rec_t) * h_t
+        )
         logits.append(model.lm_head(model.ln_f(model.run_layers(h, upper, 0)))[:, -1:])
     return torch.cat(logits, dim=1)
 
@@ -347,10 +373,13 @@ def naive_control_logits(model, idx, control):
 def test_control_flow_jacobi_equals_exact_equals_naive(name):
     """Mixed segments: Jacobi with D >= T = exact (with its parallel non-recurrent spans) = the naive loop."""
     T = 14
-    model = build(**dict(VARIANTS[name], jacobi_iters=T, jacobi_grad_iters=2))
+    model = build(**dict(VARIANTS[name], jacobi_sweeps=T, jacobi_grad_sweeps=2))
     idx, control = tokens(T=T), mixed_control(T)
     naive = naive_control_logits(model, idx, control)
-    jacobi, exact = model(idx, mode="jacobi", control=control)[0], model(idx, mode="exact", control=control)[0]
+    jacobi, exact = (
+        model(idx, mode="jacobi", control=control)[0],
+        model(idx, mode="exact", control=control)[0],
+    )
     assert (jacobi - naive).abs().max() <= 1e-10
     assert (exact - naive).abs().max() <= 1e-10
     assert (exact - model(idx)[0]).abs().max() > 1e-3          # control really changes the function
@@ -359,7 +388,7 @@ def test_control_flow_jacobi_equals_exact_equals_naive(name):
 @pytest.mark.parametrize("name", T2MLR_NAMES)
 def test_control_flow_gradients_jacobi_equal_exact(name):
     T = 12
-    model = build(**dict(VARIANTS[name], jacobi_iters=T, jacobi_grad_iters=T)).train()
+    model = build(**dict(VARIANTS[name], jacobi_sweeps=T, jacobi_grad_sweeps=T)).train()
     idx, targets, control = tokens(T=T), tokens(T=T, seed=2), mixed_control(T)
     grads = {}
     for mode in ("jacobi", "exact"):
@@ -376,7 +405,9 @@ def test_control_flow_all_recurrent_is_bit_identical_to_none():
     model = build(**VARIANTS["t2mlr_llama"])
     idx = tokens(T=16)
     for mode in ("jacobi", "exact"):
-        assert torch.equal(model(idx, mode=mode, control=torch.full_like(idx, 2))[0], model(idx, mode=mode)[0])
+        assert torch.equal(
+            model(idx, mode=mode, control=torch.full_like(idx, 2))[0], model(idx, mode=mode)[0]
+        )
 
 
 def test_control_flow_cached_decoding_equals_exact():
@@ -396,7 +427,7 @@ def test_padding_changes_no_other_position():
     """Right padding (c = 0) with any ids: the real positions' logits do not move, in both modes, and
     equal those of the unpadded row run alone."""
     T = 14
-    model = build(**dict(VARIANTS["t2mlr_llama"], jacobi_iters=T))
+    model = build(**dict(VARIANTS["t2mlr_llama"], jacobi_sweeps=T))
     idx, control = tokens(T=T), mixed_control(T)
     other = idx.clone()
     other[control == 0] = (other[control == 0] + 7) % 64
@@ -413,7 +444,7 @@ def test_recurrent_token_after_a_prompt_receives_its_raw_h():
     """c = [1, 2]: position 1 is mixed with R_0 = h_0, the raw l_end output of the prompt token (no merge)."""
     model = build(**VARIANTS["t2mlr_llama"])
     idx = tokens(B=1, T=2)
-    lower, middle, upper = model.split_stack()
+    lower, middle, upper = model.lower, model.middle, model.upper
     x = model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, lower, 0)
     h0 = model.run_layers(x[:, :1], middle, 0)                      # position 0: not mixed
     h = model.run_layers(torch.cat([x[:, :1], model.gate(x[:, 1:], h0)], dim=1), middle, 0)
@@ -423,11 +454,12 @@ def test_recurrent_token_after_a_prompt_receives_its_raw_h():
 
 
 def test_identity_gate_still_receives_gradient_with_control_flow():
-    """At the reference init (θ = 0: the gate is an identity) only θ gets gradient, and it must: the state of a
-    prompt-then-recurrent sequence reaches θ_r, with the same value in Jacobi (D >= T, b >= D) and exact mode."""
+    """At the reference init (θ = 0: the gate is an identity) only θ gets gradient, and it must: the state of
+    a prompt-then-recurrent sequence reaches θ_r, with the same value in Jacobi (D >= T, b >= D) and exact
+    mode."""
     T = 12
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**dict(VARIANTS["t2mlr_llama"], jacobi_iters=T, jacobi_grad_iters=T, rope_pct=0.0,
+    model = GPT(GPTConfig(**dict(VARIANTS["t2mlr_llama"], jacobi_sweeps=T, jacobi_grad_sweeps=T, rope_pct=0.0,
                                  state_detach=True, gate_bias_prob=0.5))).train()
     idx, targets, control = tokens(T=T), tokens(T=T, seed=2), mixed_control(T)
     grads = {}

@@ -32,53 +32,123 @@ from train import TrainConfig
 # case -> (script, arguments, a regex the one stderr line must match after "error: ")
 T2MLR = ["--flavour=llama", "--mlp_hidden=64", "--t2mlr=True"]
 CASES = {
-    "unknown key, command line": ("train.py", ["--batch_sise=4"],
-                                  r"unknown config key 'batch_sise' in command line \(did you mean 'batch_size'\?\)"),
-    "unknown key, config file": ("train.py", ["typo.py"],
-                                 r"unknown config key 'n_layers' in typo\.py \(did you mean 'n_layer'\?\)"),
-    "wrong value type": ("train.py", ["--learning_rate=fast"], r"learning_rate='fast' \(command line\): expected float"),
-    "malformed layout": ("train.py", ["--layout=2+4X2+2"],
-                         r"layout '2\+4X2\+2' is malformed; expected 'P\+CRK\+Q' .*e\.g\. '2\+4R2\+2'"),
+    "unknown key, command line": (
+        "train.py",
+        ["--batch_sise=4"],
+        r"unknown config key 'batch_sise' in command line \(did you mean 'batch_size'\?\)",
+    ),
+    "unknown key, config file": (
+        "train.py",
+        ["typo.py"],
+        r"unknown config key 'n_layers' in typo\.py \(did you mean 'n_layer'\?\)",
+    ),
+    "wrong value type": (
+        "train.py",
+        ["--learning_rate=fast"],
+        r"learning_rate='fast' \(command line\): expected float",
+    ),
+    "malformed layout": (
+        "train.py",
+        ["--layout=2+4X2+2"],
+        r"layout '2\+4X2\+2' is malformed; expected 'P\+CRK\+Q' .*e\.g\. '2\+4R2\+2'",
+    ),
     "layout without loops": ("train.py", ["--layout=1+1R0+1"], r"layout '1\+1R0\+1' needs .* K >= 1 loops"),
-    "l_start > l_end": ("train.py", [*T2MLR, "--l_start=1", "--l_end=0"],
-                        r"l_start = 1, l_end = 0 must give 0 <= l_start <= l_end < n_layer = 2"),
-    "l_end out of range": ("train.py", [*T2MLR, "--l_start=0", "--l_end=2"],
-                           r"l_start = 0, l_end = 2 must give 0 <= l_start <= l_end < n_layer = 2"),
-    "mesh_slots < 2": ("train.py", ["--layout=1+1R2+1", "--state_mode=mesh", "--mesh_slots=1"],
-                       r"mesh_slots = 1 must be >= 2"),
+    "l_start > l_end": (
+        "train.py",
+        [*T2MLR, "--l_start=1", "--l_end=0"],
+        r"l_start = 1, l_end = 0 must give 0 <= l_start <= l_end < n_layer = 2",
+    ),
+    "l_end out of range": (
+        "train.py",
+        [*T2MLR, "--l_start=0", "--l_end=2"],
+        r"l_start = 0, l_end = 2 must give 0 <= l_start <= l_end < n_layer = 2",
+    ),
+    "mesh_slots < 2": (
+        "train.py",
+        ["--layout=1+1R2+1", "--state_mode=mesh", "--mesh_slots=1"],
+        r"mesh_slots = 1 must be >= 2",
+    ),
     "block_size < 1": ("train.py", ["--block_size=0"], r"block_size = 0 must be >= 1"),
-    "rope_pct > 1": ("train.py", [f"{ROOT}/config/tiny_vanilla.py", "--rope_pct=1.5"], r"rope_pct = 1\.5 must be in \[0, 1\] or None"),
+    "rope_pct > 1": (
+        "train.py",
+        [f"{ROOT}/config/tiny_vanilla.py", "--rope_pct=1.5"],
+        r"rope_pct = 1\.5 must be in \[0, 1\] or None",
+    ),
     "rope_pct < 0": ("train.py", ["--rope_pct=-0.25"], r"rope_pct = -0\.25 must be in \[0, 1\] or None"),
     "rope_theta inf": ("train.py", ["--rope_theta=1e999"], r"rope_theta = inf must be finite and > 0"),
     "beta2 = 1": ("train.py", ["--beta2=1.0"], r"beta2 = 1\.0 must be in \[0, 1\)"),
-    "sample: temperature < 0": ("sample.py", ["--out_dir=run", "--temperature=-0.5"],
-                                r"temperature = -0\.5 must be >= 0"),
-    "batch not divisible": ("train.py", ["--total_batch_size=1000"],
-                            r"total_batch_size = 1000 tokens is not a multiple of batch_size \* block_size \* "
-                            r"world_size = 4 \* 32 \* 1 = 128"),
-    "data missing": ("train.py", ["--dataset=nope"], r"no data/nope/meta\.json: prepare the data first with "
-                                                     r"`python prepare_data\.py --input <your files> --name nope`"),
-    "split too short": ("train.py", ["--dataset=short"], r"the val split has 20 tokens, fewer than block_size \+ 1 = 33"),
-    "interrupted prepare": ("train.py", ["--dataset=half"], r"no data/half/meta\.json \(an interrupted prepare_data\.py "
-                                                            r"run left \*\.tmp files\): prepare the data first with `python"),
-    "data vocab > model vocab": ("train.py", ["--vocab_size=200"], r"the data's vocab_size 257 \(meta\.json\) exceeds "
-                                                                   r"the model's vocab_size 200; set vocab_size >= 257"),
-    "vocab too big for uint16": ("train.py", ["--dataset=wide", "--vocab_size=70016"],
-                                 r"vocab_size 70000 does not fit uint16 tokens \(ids up to 65535\); re-run `python "
-                                 r"prepare_data\.py"),
-    "another architecture": ("train.py", ["--init_from=resume", "--n_embd=64"],
-                             r"the model config differs from the checkpoint's in n_embd \(given 64, checkpoint 32\); "
-                             r"tensor shapes \(checkpoint vs given\): wte\.weight \(320, 32\) vs \(320, 64\), .* more"),
-    "scratch over a run": ("train.py", [], r"run/ckpt\.pt exists: continue it with --init_from=resume, or choose "
-                                          r"another out_dir"),
+    "sample: temperature < 0": (
+        "sample.py",
+        ["--out_dir=run", "--temperature=-0.5"],
+        r"temperature = -0\.5 must be >= 0",
+    ),
+    "batch not divisible": (
+        "train.py",
+        ["--total_batch_size=1000"],
+        r"total_batch_size = 1000 tokens is not a multiple of batch_size \* block_size \* "
+        r"world_size = 4 \* 32 \* 1 = 128",
+    ),
+    "data missing": (
+        "train.py",
+        ["--dataset=nope"],
+        r"no data/nope/meta\.json: prepare the data first with "
+        r"`python prepare_data\.py --input <your files> --name nope`",
+    ),
+    "split too short": (
+        "train.py",
+        ["--dataset=short"],
+        r"the val split has 20 tokens, fewer than block_size \+ 1 = 33",
+    ),
+    "interrupted prepare": (
+        "train.py",
+        ["--dataset=half"],
+        r"no data/half/meta\.json \(an interrupted prepare_data\.py "
+        r"run left \*\.tmp files\): prepare the data first with `python",
+    ),
+    "data vocab > model vocab": (
+        "train.py",
+        ["--vocab_size=200"],
+        r"the data's vocab_size 257 \(meta\.json\) exceeds "
+        r"the model's vocab_size 200; set vocab_size >= 257",
+    ),
+    "vocab too big for uint16": (
+        "train.py",
+        ["--dataset=wide", "--vocab_size=70016"],
+        r"vocab_size 70000 does not fit uint16 tokens \(ids up to 65535\); re-run `python "
+        r"prepare_data\.py",
+    ),
+    "another architecture": (
+        "train.py",
+        ["--init_from=resume", "--n_embd=64"],
+        r"the model config differs from the checkpoint's in n_embd \(given 64, checkpoint 32\); "
+        r"tensor shapes \(checkpoint vs given\): wte\.weight \(320, 32\) vs \(320, 64\), .* more",
+    ),
+    "scratch over a run": (
+        "train.py",
+        [],
+        r"run/ckpt\.pt exists: continue it with --init_from=resume, or choose " r"another out_dir",
+    ),
     "sample: no checkpoint": ("sample.py", ["--out_dir=nothing"], r"no checkpoint at nothing/ckpt\.pt"),
-    "sample: not a checkpoint": ("sample.py", ["--out_dir=garbage"], r"cannot read checkpoint garbage/ckpt\.pt: "),
-    "sample: truncated checkpoint": ("sample.py", ["--out_dir=truncated"],
-                                     r"cannot read checkpoint truncated/ckpt\.pt: .*zip"),
-    "prepare: empty file": ("prepare_data.py", ["--input", "empty/in.jsonl", "--tokenizer=byte"],
-                            r"no non-empty documents in: empty/in\.jsonl"),
-    "prepare: only empty documents": ("prepare_data.py", ["--input", "blank/in.jsonl", "--tokenizer=byte"],
-                                      r"no non-empty documents in: blank/in\.jsonl"),
+    "sample: not a checkpoint": (
+        "sample.py",
+        ["--out_dir=garbage"],
+        r"cannot read checkpoint garbage/ckpt\.pt: ",
+    ),
+    "sample: truncated checkpoint": (
+        "sample.py",
+        ["--out_dir=truncated"],
+        r"cannot read checkpoint truncated/ckpt\.pt: .*zip",
+    ),
+    "prepare: empty file": (
+        "prepare_data.py",
+        ["--input", "empty/in.jsonl", "--tokenizer=byte"],
+        r"no non-empty documents in: empty/in\.jsonl",
+    ),
+    "prepare: only empty documents": (
+        "prepare_data.py",
+        ["--input", "blank/in.jsonl", "--tokenizer=byte"],
+        r"no non-empty documents in: blank/in\.jsonl",
+    ),
 }
 
 
@@ -98,14 +168,23 @@ def results(tmp_path_factory):
     shutil.copytree(ws / "data" / "fox", ws / "data" / "wide")
     meta = json.loads((ws / "data" / "wide" / "meta.json").read_text())
     (ws / "data" / "wide" / "meta.json").write_text(json.dumps(meta | {"vocab_size": 70000}))
-    (ws / "data" / "half").mkdir()                    # what a killed prepare_data.py leaves (see test_data.py)
+    # what a killed prepare_data.py leaves (see test_data.py)
+    (ws / "data" / "half").mkdir()
     (ws / "data" / "half" / "train.bin.tmp").write_bytes(b"\0" * 100)
     (ws / "typo.py").write_text("n_layers = 2\n")
-    for name, text in (("good", '{"text": "one"}\n{"text": "two"}\n'), ("empty", ""), ("blank", '{"text": " "}\n')):
+    for name, text in (
+        ("good", '{"text": "one"}\n{"text": "two"}\n'),
+        ("empty", ""),
+        ("blank", '{"text": " "}\n'),
+    ):
         (ws / name).mkdir()
         (ws / name / "in.jsonl").write_text(text)
-    prepared = subprocess.run([sys.executable, f"{ROOT}/prepare_data.py", "--input", "good/in.jsonl", "--tokenizer=byte"],
-                              cwd=ws, capture_output=True, text=True)
+    prepared = subprocess.run(
+        [sys.executable, f"{ROOT}/prepare_data.py", "--input", "good/in.jsonl", "--tokenizer=byte"],
+        cwd=ws,
+        capture_output=True,
+        text=True,
+    )
     assert prepared.returncode == 0 and (ws / "data" / "in" / "meta.json").exists(), prepared.stderr
     trained = run("train.py", *TINY, "--dataset=fox", "--max_iters=1", "--out_dir=run", cwd=ws)
     assert trained.returncode == 0, trained.stderr
@@ -117,7 +196,11 @@ def results(tmp_path_factory):
 
     before = snapshot(ws)
     # Every train.py case points at the trained run (--out_dir=run) and the fox data unless it says otherwise.
-    base = {"train.py": [*TINY, "--dataset=fox", "--out_dir=run", "--max_iters=2"], "sample.py": [], "prepare_data.py": []}
+    base = {
+        "train.py": [*TINY, "--dataset=fox", "--out_dir=run", "--max_iters=2"],
+        "sample.py": [],
+        "prepare_data.py": [],
+    }
     with ThreadPoolExecutor(4) as pool:
         futures = {case: pool.submit(run, script, *base[script], *args, cwd=ws)
                    for case, (script, args, _) in CASES.items()}
@@ -157,8 +240,8 @@ RANGE_CASES = [
     (GPTConfig, "rope_pct", [1.5, -0.25, 1.0001, NAN], [0.0, 1.0], {}),
     (GPTConfig, "norm_eps", [0.0, -1e-5, NAN], [1e-12], {}),
     (GPTConfig, "mesh_slots", [1, 0], [2], dict(layout="1+1R2+1", state_mode="mesh")),
-    (GPTConfig, "jacobi_iters", [0], [1], dict(T2, jacobi_grad_iters=1)),
-    (GPTConfig, "jacobi_grad_iters", [-1], [0], T2),
+    (GPTConfig, "jacobi_sweeps", [0], [1], dict(T2, jacobi_grad_sweeps=1)),
+    (GPTConfig, "jacobi_grad_sweeps", [-1], [0], T2),
     (GPTConfig, "gate_bias_prob", [0.0, 1.0, NAN], [1e-6, 1 - 1e-6], T2),
     (GPTConfig, "gate_weight_gain", [0.0, INF], [1e-6], T2),
     (GPTConfig, "jacobi_tol", [-1e-3, 1.0, NAN], [0.0, 0.999], T2),
@@ -194,7 +277,11 @@ ANY_VALUE = {(GPTConfig, "l_start"), (GPTConfig, "l_end")}
 def numeric_fields(cls):
     """The int and float fields of a dataclass, Optional ones included (bool is not numeric here)."""
     hints = typing.get_type_hints(cls)
-    return {f.name for f in dataclasses.fields(cls) if {int, float} & set(typing.get_args(hints[f.name]) or [hints[f.name]])}
+    return {
+        f.name
+        for f in dataclasses.fields(cls)
+        if {int, float} & set(typing.get_args(hints[f.name]) or [hints[f.name]])
+    }
 
 
 @pytest.mark.parametrize("cls", [GPTConfig, TrainConfig, SampleConfig])
@@ -203,7 +290,9 @@ def test_every_numeric_field_has_a_range_case(cls):
     assert numeric_fields(cls) == covered
 
 
-@pytest.mark.parametrize("cls, name, bad, good, others", RANGE_CASES, ids=[f"{c.__name__}.{n}" for c, n, *_ in RANGE_CASES])
+@pytest.mark.parametrize(
+    "cls, name, bad, good, others", RANGE_CASES, ids=[f"{c.__name__}.{n}" for c, n, *_ in RANGE_CASES]
+)
 def test_numeric_field_out_of_range_is_refused(cls, name, bad, good, others):
     for value in bad:
         with pytest.raises(ValueError, match=f"^{name} = {re.escape(repr(value))} must be "):
@@ -216,5 +305,5 @@ def test_out_of_range_reaches_the_user_as_a_config_error(tmp_path):
     (tmp_path / "nan.py").write_text("rope_theta = float('nan')\n")
     with pytest.raises(ConfigError, match=r"^rope_theta = nan must be finite and > 0$"):
         load_config([str(tmp_path / "nan.py")], GPTConfig, TrainConfig)
-    with pytest.raises(ConfigError, match=r"^jacobi_grad_iters = 5 must be <= jacobi_iters = 4"):
-        load_config(["--t2mlr=True", "--jacobi_iters=4", "--jacobi_grad_iters=5"], GPTConfig, TrainConfig)
+    with pytest.raises(ConfigError, match=r"^jacobi_grad_sweeps = 5 must be <= jacobi_sweeps = 4"):
+        load_config(["--t2mlr=True", "--jacobi_sweeps=4", "--jacobi_grad_sweeps=5"], GPTConfig, TrainConfig)

@@ -15,10 +15,22 @@ import pytest
 import torch
 
 from bench import SavedTensorMeter
-from model import GPT, GPTConfig, mix_state, recurrent_mask, shift_right, write_state
+from model import GPT, GPTConfig, shift_right, update_state
 
-TINY_LLAMA = dict(vocab_size=64, block_size=48, n_embd=32, n_head=4, flavour="llama", n_kv_head=2, mlp_hidden=48,
-                  rope_theta=100000.0, n_layer=5, t2mlr=True, l_start=1, l_end=3)
+TINY_LLAMA = dict(
+    vocab_size=64,
+    block_size=48,
+    n_embd=32,
+    n_head=4,
+    flavour="llama",
+    n_kv_head=2,
+    mlp_hidden=48,
+    rope_theta=100000.0,
+    n_layer=5,
+    t2mlr=True,
+    l_start=1,
+    l_end=3,
+)
 
 
 def build(seed=0, theta=(0.6, -0.3), dtype=torch.float64, **kw):
@@ -40,27 +52,25 @@ def tokens(B=3, T=24, seed=1):
 
 def fixed_d_logits(model, idx, control=None):
     """Jacobi with a fixed D written out as the loop it was before jacobi_tol existed: D-1 sweeps from
-    C = 0, the last b with gradient, then the final pass (the slow obvious reference for tol = 0)."""
+    R = 0, the last b with gradient, then the final pass (the slow obvious reference for tol = 0)."""
     cfg = model.cfg
-    lower, middle, upper = model.split_stack()
     grad = torch.is_grad_enabled()
-    x = model.run_layers(model.wte(idx) * cfg.n_embd ** 0.5, lower, 0)
-    pre, recurrent = model.gate.precompute(x), recurrent_mask(control)
+    x = model.run_layers(model.wte(idx) * cfg.n_embd ** 0.5, model.lower, 0)
+    pre, recurrent = model.gate.precompute(x), None if control is None else (control > 1).unsqueeze(-1)
     state = torch.zeros_like(x)
-    for d in range(cfg.jacobi_iters - 1):
-        with torch.set_grad_enabled(grad and cfg.jacobi_iters - 1 - d <= cfg.jacobi_grad_iters):
-            h = model.run_layers(mix_state(model.gate, x, state, pre, recurrent), middle, 0)
-            state = shift_right(write_state(h, state, cfg, recurrent))
-    h = model.run_layers(mix_state(model.gate, x, state, pre, recurrent), middle, 0)
-    return model.lm_head(model.ln_f(model.run_layers(h, upper, 0)))
+    for d in range(cfg.jacobi_sweeps - 1):
+        with torch.set_grad_enabled(grad and cfg.jacobi_sweeps - 1 - d <= cfg.jacobi_grad_sweeps):
+            h = model.run_layers(model.gate(x, state, pre, recurrent), model.middle, 0)
+            state = shift_right(update_state(h, state, cfg.state_residual, cfg.state_detach, recurrent))
+    h = model.run_layers(model.gate(x, state, pre, recurrent), model.middle, 0)
+    return model.lm_head(model.ln_f(model.run_layers(h, model.upper, 0)))
 
 
 def sweep_changes(model, idx, sweeps):
-    """Run `sweeps` Jacobi sweeps by hand: (states C^(0..sweeps), changes max|C^(k) - C^(k-1)| / RMS(C^(k)))."""
-    lower, _, _ = model.split_stack()
-    x = model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, lower, 0)
+    """`sweeps` Jacobi sweeps by hand: (states R^(0..sweeps), changes max|R^(k) - R^(k-1)| / RMS(R^(k)))"""
+    x = model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, model.lower, 0)
     pre = model.gate.precompute(x)
-    states, changes = [model.jacobi_start(x, pre, None)], []
+    states, changes = [model.jacobi_state(x, pre, None, 0, 0)], []                # R^(0)
     for _ in range(sweeps):
         states.append(model.jacobi_sweep(x, states[-1], pre, None))
         changes.append(((states[-1] - states[-2]).abs().max() / states[-1].pow(2).mean().sqrt()).item())
@@ -73,7 +83,7 @@ def sweep_changes(model, idx, sweeps):
 @pytest.mark.parametrize("D, b", [(16, 4), (6, 6), (3, 0)])
 def test_tol_zero_is_bit_identical_to_fixed_d(D, b):
     """Values and gradients of jacobi_tol = 0 equal the fixed-D loop bit for bit; D passes are recorded."""
-    model = build(jacobi_iters=D, jacobi_grad_iters=b).train()
+    model = build(jacobi_sweeps=D, jacobi_grad_sweeps=b).train()
     idx, targets = tokens(), tokens(seed=2)
     logits = model(idx, mode="jacobi")[0]
     assert torch.equal(logits, fixed_d_logits(model, idx)) and model.jacobi_passes == D
@@ -88,20 +98,25 @@ def test_tol_zero_is_bit_identical_to_fixed_d(D, b):
 @pytest.mark.parametrize("tol", [1e-2, 1e-4, 1e-7])
 def test_tol_stop_is_within_the_bound_it_implies(tol):
     """Contractive setting (small global gates, R_t = h_t): the stop comes at the first sweep k whose change
-    is <= tol · RMS(C^(k)), and the state then differs from the converged one (T - 1 sweeps: exact) by at
-    most Σ_{j>k} Δ_j <= Δ_k · L / (1 - L) <= tol · RMS(C^(k)) · L / (1 - L), with Δ_j = max|C^(j) - C^(j-1)|
+    is <= tol · RMS(R^(k)), and the state then differs from the converged one (T - 1 sweeps: exact) by at
+    most Σ_{j>k} Δ_j <= Δ_k · L / (1 - L) <= tol · RMS(R^(k)) · L / (1 - L), with Δ_j = max|R^(j) - C^(j-1)|
     and L < 1 the largest measured ratio Δ_{j+1} / Δ_j after the stop."""
     T = 24
-    model = build(theta=(0.05, 0.05), state_residual=False, jacobi_iters=T, jacobi_grad_iters=0, jacobi_tol=tol)
+    model = build(
+        theta=(0.05, 0.05), state_residual=False, jacobi_sweeps=T, jacobi_grad_sweeps=0, jacobi_tol=tol
+    )
     idx = tokens(T=T)
     with torch.no_grad():
         x, pre, states, changes = sweep_changes(model, idx, T - 1)
         k = next(i for i, c in enumerate(changes, start=1) if c <= tol)            # sweeps until the stop
         state = model.jacobi_state(x, pre, None, T - 1, 0, tol)
-    assert model.jacobi_passes == k + 1 < T                                         # k sweeps + the final pass
+    # k sweeps + the final pass
+    assert model.jacobi_passes == k + 1 < T
     assert torch.equal(state, states[k])
-    deltas = [(b - a).abs().max().item() for a, b in zip(states[k:], states[k + 1:])]   # Δ_{k+1}, Δ_{k+2}, ...
-    floor = 1e-13                                    # float64 rounding of O(1) states: ratios below it are noise
+    # Δ_{k+1}, Δ_{k+2}, ...
+    deltas = [(b - a).abs().max().item() for a, b in zip(states[k:], states[k + 1:])]
+    # float64 rounding of O(1) states: ratios below it are noise
+    floor = 1e-13
     deltas = [d for d in [(states[k] - states[k - 1]).abs().max().item()] + deltas if d > floor]
     L = max(b / a for a, b in zip(deltas, deltas[1:]))
     assert L < 1
@@ -114,15 +129,18 @@ def test_tol_gradient_flows_through_exactly_b_sweeps():
     """A stop after k free sweeps is the fixed-D computation with D = k + b + 1: equal values and gradients,
     and those differ from a computation with one gradient sweep fewer."""
     idx, targets = tokens(T=16), tokens(T=16, seed=2)
-    stopped = build(theta=(0.05, 0.05), state_residual=False, jacobi_iters=16, jacobi_grad_iters=3,
+    stopped = build(theta=(0.05, 0.05), state_residual=False, jacobi_sweeps=16, jacobi_grad_sweeps=3,
                     jacobi_tol=1e-3).train()
     loss = torch.nn.functional.cross_entropy(stopped(idx, mode="jacobi")[0].flatten(0, 1), targets.flatten())
     D = stopped.jacobi_passes
-    assert 4 < D < 16                                                 # it did stop early, after some free sweeps
+    # it did stop early, after some free sweeps
+    assert 4 < D < 16
     loss.backward()
     for b, same in ((3, True), (2, False)):
-        fixed = build(theta=(0.05, 0.05), state_residual=False, jacobi_iters=D, jacobi_grad_iters=b).train()
-        fixed_loss = torch.nn.functional.cross_entropy(fixed(idx, mode="jacobi")[0].flatten(0, 1), targets.flatten())
+        fixed = build(theta=(0.05, 0.05), state_residual=False, jacobi_sweeps=D, jacobi_grad_sweeps=b).train()
+        fixed_loss = torch.nn.functional.cross_entropy(
+            fixed(idx, mode="jacobi")[0].flatten(0, 1), targets.flatten()
+        )
         fixed_loss.backward()
         assert torch.equal(fixed_loss, loss)
         g, h = stopped.gate.proj.weight.grad, fixed.gate.proj.weight.grad
@@ -150,7 +168,7 @@ def test_converged_prefill_equals_exact_prefill(control):
     caches = {mode: model.new_cache() for mode in ("exact", "converged")}
     with torch.no_grad():
         out = {mode: model(idx, mode=mode, cache=cache, control=c)[0] for mode, cache in caches.items()}
-        model.cfg.jacobi_iters = T
+        model.cfg.jacobi_sweeps = T
         jacobi = model(idx, mode="jacobi", control=c)[0]
     assert (out["converged"] - out["exact"]).abs().max() <= 1e-12
     assert torch.equal(out["converged"], jacobi)
@@ -166,11 +184,14 @@ def test_converged_prefill_then_decoding_equals_exact_generation():
     prompt = tokens(B=2, T=16)
     for recurrent_prompt in (False, True):
         want = model.generate(prompt, 14, temperature=0, recurrent_prompt=recurrent_prompt)
-        got = model.generate(prompt, 14, temperature=0, recurrent_prompt=recurrent_prompt, prefill="converged")
+        got = model.generate(
+            prompt, 14, temperature=0, recurrent_prompt=recurrent_prompt, prefill="converged"
+        )
         assert torch.equal(got, want)
     with torch.no_grad():
         model(prompt, mode="converged", cache=model.new_cache(), control=torch.ones_like(prompt), tol=1e-12)
-    assert model.jacobi_passes == 3                 # sweep 1 is exact, sweep 2 confirms it, then the final pass
+    # sweep 1 is exact, sweep 2 confirms it, then the final pass
+    assert model.jacobi_passes == 3
 
 
 def test_converged_prefill_tolerance_trades_sweeps_for_bounded_error():
@@ -192,7 +213,9 @@ def test_converged_prefill_refuses_a_filled_cache():
     cache = model.new_cache()
     with torch.no_grad():
         model(tokens(T=4), cache=cache)
-        with pytest.raises(ValueError, match=r"^mode 'converged' fills an empty cache \(a prompt\); this one holds 4"):
+        with pytest.raises(
+            ValueError, match=r"^mode 'converged' fills an empty cache \(a prompt\); this one holds 4"
+        ):
             model(tokens(T=4), mode="converged", cache=cache)
     with pytest.raises(ValueError, match=r"^prefill 'fast' is not one of 'exact', 'converged'"):
         model.generate(tokens(T=4), 2, prefill="fast")
@@ -205,7 +228,7 @@ def test_checkpointed_sweeps_equal_plain_sweeps_and_hold_fewer_bytes():
     idx, targets = tokens(T=24), tokens(T=24, seed=2)
     held, grads = {}, {}
     for ckpt in (False, True):
-        model = build(jacobi_iters=8, jacobi_grad_iters=4, jacobi_checkpoint=ckpt).train()
+        model = build(jacobi_sweeps=8, jacobi_grad_sweeps=4, jacobi_checkpoint=ckpt).train()
         weights = list(model.parameters())
         with SavedTensorMeter(exclude=weights) as meter:
             logits, loss = model(idx, targets, mode="jacobi")
@@ -226,20 +249,19 @@ def test_exactness_front_is_at_d_for_both_starts(init):
     with torch.no_grad():
         exact = model(idx, mode="exact")[0]
         for D in (1, 4, 9):
-            model.cfg.jacobi_iters = D
+            model.cfg.jacobi_sweeps = D
             diff = (model(idx, mode="jacobi")[0] - exact).abs().amax(dim=(0, 2))
             assert diff[:D].max() <= 1e-12 and diff[D] > 1e-6, (init, D)
             assert model.jacobi_passes == D + (init == "plain")
 
 
 def test_plain_start_is_the_shifted_unmixed_middle_pass():
-    """C^(0) = shift(h^(0)), h^(0) the middle block on x without mixing (the reference's plain pass)."""
+    """R^(0) = shift(h^(0)), h^(0) the middle layers on x without mixing (the reference's plain pass)."""
     model = build(jacobi_init="plain")
-    lower, middle, _ = model.split_stack()
     with torch.no_grad():
-        x = model.run_layers(model.wte(tokens()) * model.cfg.n_embd ** 0.5, lower, 0)
-        start = model.jacobi_start(x, model.gate.precompute(x), None)
-        want = shift_right(model.run_layers(x, middle, 0))
+        x = model.run_layers(model.wte(tokens()) * model.cfg.n_embd ** 0.5, model.lower, 0)
+        start = model.jacobi_state(x, model.gate.precompute(x), None, 0, 0)          # R^(0): no sweeps
+        want = shift_right(model.run_layers(x, model.middle, 0))
     assert torch.equal(start, want) and start[:, 0].abs().max() == 0
 
 
@@ -247,10 +269,10 @@ def test_flop_count_follows_the_options():
     """layer_passes: the plain start adds a middle forward, checkpointing b recomputed forwards."""
     def middle(**kw):
         with torch.device("meta"):
-            model = GPT(GPTConfig(**(TINY_LLAMA | dict(jacobi_iters=16, jacobi_grad_iters=4) | kw)))
+            model = GPT(GPTConfig(**(TINY_LLAMA | dict(jacobi_sweeps=16, jacobi_grad_sweeps=4) | kw)))
         return model.layer_passes()[2]                              # layer 2: inside l_start..l_end = 1..3
     assert middle() == (16, 5)
     assert middle(jacobi_init="plain") == (17, 5)
     assert middle(jacobi_checkpoint=True) == (20, 5)
     assert middle(jacobi_tol=0.1) == (16, 5)                          # an early stop only lowers it
-    assert middle(jacobi_iters=3, jacobi_grad_iters=3, jacobi_init="plain") == (4, 4)
+    assert middle(jacobi_sweeps=3, jacobi_grad_sweeps=3, jacobi_init="plain") == (4, 4)

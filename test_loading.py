@@ -17,7 +17,15 @@ import sample
 import train
 from model import GPT, GPTConfig
 from test_train import TINY, read_log, run, write_dataset
-from train import RunError, TrainConfig, clean_state_dict, init_weights_from, load_checkpoint, load_model, save_checkpoint
+from train import (
+    RunError,
+    TrainConfig,
+    clean_state_dict,
+    init_weights_from,
+    load_checkpoint,
+    load_model,
+    save_checkpoint,
+)
 
 LLAMA = dict(flavour="llama", vocab_size=320, block_size=16, n_layer=3, n_embd=32, n_head=2, mlp_hidden=48)
 
@@ -80,7 +88,9 @@ def test_prefixed_resume_sample_and_probe_equal_the_clean_checkpoint(tmp_path, c
         train.main([f"--out_dir={tmp_path / out}", "--init_from=resume", "--max_iters=3"])
     a, b = (load_checkpoint(str(tmp_path / out / "ckpt.pt")) for out in ("clean", "prefixed"))
     assert a["step"] == b["step"] == 3
-    assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["model"].keys() == b["model"].keys() and all(
+        torch.equal(a["model"][k], b["model"][k]) for k in a["model"]
+    )
 
     resumed = torch.load(prefixed, weights_only=True)              # written by the resume, with clean keys
     torch.save({**resumed, "model": {"_orig_mod." + k: v for k, v in resumed["model"].items()}}, prefixed)
@@ -111,8 +121,11 @@ def test_untied_source_into_tied_target_is_refused_or_exact(tmp_path):
     source = built(**dict(LLAMA, tie_embeddings=False))
     assert not torch.equal(source.lm_head.weight, source.wte.weight)
     target = built(seed=1, **dict(LLAMA, t2mlr=True, l_start=1, l_end=1))
-    with pytest.raises(RunError, match=r"lm_head\.weight that differs from its token embedding wte\.weight .* "
-                                       r"ties them \(tie_embeddings=True\) .*: set --tie_embeddings=False$"):
+    with pytest.raises(
+        RunError,
+        match=r"lm_head\.weight that differs from its token embedding wte\.weight .* "
+        r"ties them \(tie_embeddings=True\) .*: set --tie_embeddings=False$",
+    ):
         init_weights_from(target, write_checkpoint(tmp_path / "untied.pt", source))
     with torch.no_grad():
         source.lm_head.weight.copy_(source.wte.weight)
@@ -145,8 +158,15 @@ def test_retrofit_of_an_untied_run_names_the_flag(tmp_path):
     the source's final one (the gate starts as an identity)."""
     llama = ["--flavour=llama", "--mlp_hidden=64"]
     source = train_tiny(tmp_path, "llama", *llama, "--tie_embeddings=False")
-    retrofit = [*llama, "--t2mlr=True", "--l_start=0", "--l_end=0", "--jacobi_iters=2", "--jacobi_grad_iters=1",
-                f"--init_from={source}"]
+    retrofit = [
+        *llama,
+        "--t2mlr=True",
+        "--l_start=0",
+        "--l_end=0",
+        "--jacobi_sweeps=2",
+        "--jacobi_grad_sweeps=1",
+        f"--init_from={source}",
+    ]
     with pytest.raises(RunError, match=r"set --tie_embeddings=False$"):
         train_tiny(tmp_path, "t2mlr_tied", *retrofit)
     assert not (tmp_path / "t2mlr_tied").exists()                   # refused before writing anything
@@ -156,8 +176,8 @@ def test_retrofit_of_an_untied_run_names_the_flag(tmp_path):
 
 
 def test_the_tie_survives_load_model_resume_and_retrofit(tmp_path):
-    """`lm_head.weight is wte.weight` after load_model and init_weights_from; after a resumed tied run the saved
-    state dict still holds one storage for both names (a broken tie would have saved two)."""
+    """`lm_head.weight is wte.weight` after load_model and init_weights_from; after a resumed tied run the
+    saved state dict still holds one storage for both names (a broken tie would have saved two)."""
     source = built(**LLAMA)
     path = write_checkpoint(tmp_path / "tied.pt", source)
     assert tied(load_model(path)[0])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import GPT, GPTConfig, parse_layout
+from model import GPT, GPTConfig, Recorder, parse_layout
 
 ROOT = Path(__file__).resolve().parent
 TINY = dict(vocab_size=64, block_size=32, n_embd=32, n_head=4)
@@ -63,8 +63,8 @@ def test_flavour_defaults():
 
 def test_init_follows_the_recipe():
     """std sqrt(2/(5C)) everywhere, out projections / sqrt(2·unrolled depth), zero biases.
-    The out-projection scaling is the MeSH paper's depth-aware init; the paper gives no base std or bias init, so
-    Huginn's std and zero biases are our choice."""
+    The out-projection scaling is the MeSH paper's depth-aware init; the paper gives no base std or bias init,
+    so Huginn's std and zero biases are our choice."""
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=512, block_size=32, n_embd=256, n_head=4, layout="2+2R3+2", state_mode="mesh")
     model = GPT(cfg)
@@ -78,44 +78,58 @@ def test_init_follows_the_recipe():
     assert model.lm_head.weight is not model.wte.weight             # neox: untied
 
 
+def test_default_dtype_is_float32_here():
+    """The float64 tests set their dtype locally (test_equivalence's fixture): collected after them in one
+    pytest run, the tests of this file still build float32 models."""
+    assert torch.get_default_dtype() == torch.float32
+    assert GPT(GPTConfig(**TINY, n_layer=1)).wte.weight.dtype == torch.float32
+
+
 def test_embeddings_are_scaled_by_sqrt_d():
     model = GPT(GPTConfig(**TINY, n_layer=1))
-    probes = {}
+    rec = Recorder()
     idx = torch.tensor([[3, 5]])
-    model(idx, probes=probes)
-    assert torch.allclose(probes["states"]["h_emb"], model.wte(idx) * math.sqrt(32))
+    model(idx, recorder=rec)
+    assert torch.allclose(rec.states["h_emb"], model.wte(idx) * math.sqrt(32))
 
 
 def test_probes_collect_every_state_and_block():
-    """Probes: h_emb, h(0)..h(K), h_out and one (input, output) pair per block application, without changing logits."""
+    """The recorder: h_emb, h(0)..h(K), h_out and one (input, output) pair per layer or unit applied, without
+    changing logits."""
     model = GPT(GPTConfig(**TINY, layout="2+1R3+1", state_mode="mesh")).eval()
     idx = torch.randint(0, 64, (2, 10))
-    probes = {}
-    logits = model(idx, probes=probes)[0]
+    rec = Recorder()
+    logits = model(idx, recorder=rec)[0]
     assert torch.equal(logits, model(idx)[0])
-    assert list(probes["states"]) == ["h_emb", "h(0)", "h(1)", "h(2)", "h(3)", "h_out"]
-    names = [name for name, _, _ in probes["blocks"]]
+    assert list(rec.states) == ["h_emb", "h(0)", "h(1)", "h(2)", "h(3)", "h_out"]
+    names = [name for name, _, _ in rec.updates]
     assert names == ["prelude0", "prelude1", "core0", "core1", "core2", "coda0"]
-    core1_in, core1_out = probes["blocks"][3][1:]
-    assert torch.equal(core1_in, probes["states"]["h(1)"]) and not torch.equal(core1_out, core1_in)
+    core1_in, core1_out = rec.updates[3][1:]
+    assert torch.equal(core1_in, rec.states["h(1)"]) and not torch.equal(core1_out, core1_in)
     t2mlr = GPT(GPTConfig(**TINY, n_layer=4, t2mlr=True, l_start=1, l_end=2)).eval()
-    probes = {}
-    t2mlr(idx, probes=probes)
-    assert [name for name, _, _ in probes["blocks"]] == ["lower0", "middle", "upper0"]
+    rec = Recorder()
+    t2mlr(idx, recorder=rec)
+    assert [name for name, _, _ in rec.updates] == ["lower0", "middle", "upper0"]
+    rec = Recorder()
+    t2mlr.train()(idx, recorder=rec)                       # Jacobi: the gate, then the final sweep's layers
+    assert [name for name, _, _ in rec.updates] == ["lower0", "gate", "middle0", "middle1", "upper0"]
 
 
 def test_flop_accounting_counts_unrolled_depth_and_sweeps():
-    """A looped model costs like its unrolled vanilla twin; Jacobi costs D forward and b+1 backward middle passes."""
+    """A looped model costs like its unrolled vanilla twin; Jacobi costs D forward and b+1 backward middle
+    passes."""
     vanilla = GPT(GPTConfig(**TINY, n_layer=6))
     looped = GPT(GPTConfig(**TINY, layout="1+2R2+1", state_mode="base"))
     assert vanilla.train_flops_per_token() == looped.train_flops_per_token()
-    cfg = dict(TINY, n_layer=4, t2mlr=True, l_start=1, l_end=2, jacobi_iters=5, jacobi_grad_iters=2)
+    cfg = dict(TINY, n_layer=4, t2mlr=True, l_start=1, l_end=2, jacobi_sweeps=5, jacobi_grad_sweeps=2)
     t2mlr = GPT(GPTConfig(**cfg))
     assert t2mlr.layer_passes() == [(1, 1), (5, 3), (5, 3), (1, 1)]
     plain = GPT(GPTConfig(**TINY, n_layer=4))
     layer = plain.train_flops_per_token() - GPT(GPTConfig(**TINY, n_layer=3)).train_flops_per_token()
-    per_pass = t2mlr.gate.proj.weight.numel() + t2mlr.gate.gates_r.weight.numel()    # W_p and the r half: every pass
-    once = t2mlr.gate.gates_x.weight.numel() + t2mlr.gate.gates_x.bias.numel()       # the x half: once per forward
+    # W_p and the r half: every pass
+    per_pass = t2mlr.gate.proj.weight.numel() + t2mlr.gate.gates_r.weight.numel()
+    # the x half: once per forward
+    once = t2mlr.gate.gates_x.weight.numel() + t2mlr.gate.gates_x.bias.numel()
     expected = (plain.train_flops_per_token() + 2 * (5 - 1 + 2 * (3 - 1)) * layer / 3
                 + 2 * (5 + 2 * 3) * per_pass + 6 * once)
     assert t2mlr.train_flops_per_token() == pytest.approx(expected)
@@ -124,13 +138,17 @@ def test_flop_accounting_counts_unrolled_depth_and_sweeps():
 def test_generate_greedy_matches_argmax_of_full_forward():
     """Greedy generation with the KV cache picks, at every step, the argmax of a full recompute."""
     torch.manual_seed(0)
-    for fields in (dict(layout="1+1R2+1", state_mode="mesh"), dict(n_layer=3, t2mlr=True, l_start=1, l_end=1)):
+    for fields in (
+        dict(layout="1+1R2+1", state_mode="mesh"),
+        dict(n_layer=3, t2mlr=True, l_start=1, l_end=1),
+    ):
         model = GPT(GPTConfig(**TINY, **fields)).eval()
         if model.gate is not None:
             with torch.no_grad():
                 model.gate.theta_r.fill_(0.5)
         idx = torch.randint(0, 64, (2, 5))
-        out = model.generate(idx, 12, temperature=0, recurrent_prompt=True)     # every token c = 2 = control None
+        # every token c = 2 = control None
+        out = model.generate(idx, 12, temperature=0, recurrent_prompt=True)
         for t in range(5, 17):
             assert torch.equal(model(out[:, :t])[0][:, -1].argmax(-1), out[:, t])
 
@@ -176,17 +194,33 @@ def test_summary_cli_prints_paper_counts():
     assert bad.returncode != 0 and "'2+4R0+2'" in bad.stderr
 
 
-@pytest.mark.parametrize("config, lines", [
-    # 8 LLaMA layers of 4·128² + 3·128·512 + 2·128, a final norm; the gate 5·128² + 2·128 + 2; embedding 320·128
-    ("config/tiny_t2mlr.py", ["non-embedding      2,099,328", "total params       2,222,466",
-                              "T²MLR gate params  82,178 (layers 2..5, D=16, b=4)"]),
-    ("config/mesh_160m.py", ["non-embedding      56,704,512", "router params      23,070 (+5 slots, 3 steps)"]),
-])
+@pytest.mark.parametrize(
+    "config, lines",
+    [
+        # 8 LLaMA layers of 4·128² + 3·128·512 + 2·128, a final norm; the gate 5·128² + 2·128 + 2; embedding
+        # 320·128
+        (
+            "config/tiny_t2mlr.py",
+            [
+                "non-embedding      2,099,328",
+                "total params       2,222,466",
+                "T²MLR gate params  82,178 (layers 2..5, D=16, b=4)",
+            ],
+        ),
+        (
+            "config/mesh_160m.py",
+            ["non-embedding      56,704,512", "router params      23,070 (+5 slots, 3 steps)"],
+        ),
+    ],
+)
 def test_summary_cli_does_not_import_train(config, lines):
     """`python model.py config/x.py` reads the model keys and skips the training keys of the file without
     importing train.py (which imports model.py)."""
-    code = (f"import runpy, sys; sys.argv = ['model.py', {config!r}]; runpy.run_path('model.py', run_name='__main__');"
-            "print('train imported' if 'train' in sys.modules else 'train not imported')")
+    code = (
+        f"import runpy, sys; sys.argv = ['model.py', {config!r}]; runpy.run_path('model.py', "
+        "run_name='__main__');"
+        "print('train imported' if 'train' in sys.modules else 'train not imported')"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "train not imported"
@@ -195,7 +229,8 @@ def test_summary_cli_does_not_import_train(config, lines):
 
 
 def test_summary_cli_still_reports_a_misspelled_model_key():
-    """Training keys are skipped, a near miss of a model key is still an error (configurator's skip_unknown)."""
+    """Training keys are skipped, a near miss of a model key is still an error (configurator's
+    skip_unknown)."""
     args = [sys.executable, "model.py", "config/tiny_mesh.py", "--batch_size=8", "--learning_rate=1e-3"]
     assert subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120).returncode == 0
     bad = subprocess.run(args + ["--n_layers=4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -208,7 +243,10 @@ def test_no_training_key_passes_for_a_misspelled_model_key():
     may be that close, or `python model.py` would refuse every config file that sets it."""
     from train import TrainConfig
     model_keys = [f.name for f in dataclasses.fields(GPTConfig)]
-    near = {f.name: difflib.get_close_matches(f.name, model_keys, n=1, cutoff=0.8) for f in dataclasses.fields(TrainConfig)}
+    near = {
+        f.name: difflib.get_close_matches(f.name, model_keys, n=1, cutoff=0.8)
+        for f in dataclasses.fields(TrainConfig)
+    }
     assert {key: match for key, match in near.items() if match} == {}
 
 
@@ -217,13 +255,19 @@ def test_t2mlr_gate_initialisation():
     biases U(±1/sqrt(2C)), W_p the Linear default U(±1/sqrt(C)); 5C² + 2C + 2 parameters."""
     torch.manual_seed(0)
     C = 256
-    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_embd=C, n_head=4, n_layer=3, t2mlr=True, l_start=1, l_end=1))
+    model = GPT(
+        GPTConfig(vocab_size=64, block_size=16, n_embd=C, n_head=4, n_layer=3, t2mlr=True, l_start=1, l_end=1)
+    )
     gate = model.gate
     assert gate.theta_r.item() == 0 and gate.theta_x.item() == 0
     for weight in (gate.gates_x.weight, gate.gates_r.weight):
         assert abs(weight.std().item() / math.sqrt(2 / (3 * C)) - 1) < 0.02
-    assert gate.gates_x.bias.abs().max() <= 1 / math.sqrt(2 * C) and gate.gates_x.bias.std() > 0.5 / math.sqrt(6 * C)
-    assert gate.proj.weight.abs().max() <= 1 / math.sqrt(C) and gate.proj.weight.std() > 0.9 / math.sqrt(3 * C)
+    assert gate.gates_x.bias.abs().max() <= 1 / math.sqrt(
+        2 * C
+    ) and gate.gates_x.bias.std() > 0.5 / math.sqrt(6 * C)
+    assert gate.proj.weight.abs().max() <= 1 / math.sqrt(C) and gate.proj.weight.std() > 0.9 / math.sqrt(
+        3 * C
+    )
     assert model.param_counts()["gate"] == 5 * C * C + 2 * C + 2
     x = torch.randn(2, 5, C)
     assert torch.equal(gate(x, torch.randn(2, 5, C)), x)
@@ -236,7 +280,8 @@ def test_rotary_is_a_relative_position_encoding():
     torch.manual_seed(0)
     q, k = torch.randn(1, 1, 1, 16, dtype=torch.float64), torch.randn(1, 1, 1, 16, dtype=torch.float64)
     for pct in (1.0, 0.25):
-        cos, sin = rotary_tables(16, pct, 10000.0, 40, torch.float64)    # float64 from the start: exact to ~1e-16
+        # float64 from the start: exact to ~1e-16
+        cos, sin = rotary_tables(16, pct, 10000.0, 40, torch.float64)
         rot = lambda x, p: apply_rotary(x, cos[p:p + 1], sin[p:p + 1])
         score = lambda m, n: (rot(q, m) * rot(k, n)).sum()
         close = lambda a, b: (a - b).abs().max() <= 1e-13
@@ -316,7 +361,9 @@ def test_generate_equals_full_recompute_over_the_window(variant, block_size):
         idx = torch.randint(0, 64, (2, T))
         for recurrent_prompt in (False, True):
             out = model.generate(idx, 3 * block_size + 2, temperature=0, recurrent_prompt=recurrent_prompt)
-            assert torch.equal(out, greedy_by_full_recompute(model, idx, 3 * block_size + 2, recurrent_prompt)), T
+            assert torch.equal(
+                out, greedy_by_full_recompute(model, idx, 3 * block_size + 2, recurrent_prompt)
+            ), T
 
 
 def test_generate_block_size_1_from_the_issue():
@@ -335,15 +382,24 @@ def test_sampling_at_extreme_settings():
     idx = torch.randint(0, 64, (2, 5))
     greedy = model.generate(idx, 40, temperature=0)              # past block_size 32 as well
     for temperature in (1e-40, 1e-320, 5e-324):
-        assert torch.equal(model.generate(idx, 40, temperature=temperature, generator=torch.Generator()), greedy)
+        assert torch.equal(
+            model.generate(idx, 40, temperature=temperature, generator=torch.Generator()), greedy
+        )
     assert torch.equal(model.generate(idx, 40, temperature=1.0, top_k=1, generator=torch.Generator()), greedy)
     model64 = GPT(GPTConfig(**TINY, n_layer=2)).double().eval()
-    assert torch.equal(model64.generate(idx, 10, temperature=1e-300), model64.generate(idx, 10, temperature=0))
-    draw = lambda top_k: model.generate(idx, 10, temperature=1.0, top_k=top_k, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(
+        model64.generate(idx, 10, temperature=1e-300), model64.generate(idx, 10, temperature=0)
+    )
+    draw = lambda top_k: model.generate(
+        idx, 10, temperature=1.0, top_k=top_k, generator=torch.Generator().manual_seed(3)
+    )
     assert torch.equal(draw(None), draw(64)) and torch.equal(draw(None), draw(10 ** 6))
-    for bad, message in ((dict(temperature=-0.5), "temperature = -0.5 must be >= 0"),
-                         (dict(temperature=float("nan")), "temperature = nan must be >= 0"),
-                         (dict(top_k=0), "top_k = 0 must be >= 1"), (dict(top_k=-3), "top_k = -3 must be >= 1")):
+    for bad, message in (
+        (dict(temperature=-0.5), "temperature = -0.5 must be >= 0"),
+        (dict(temperature=float("nan")), "temperature = nan must be >= 0"),
+        (dict(top_k=0), "top_k = 0 must be >= 1"),
+        (dict(top_k=-3), "top_k = -3 must be >= 1"),
+    ):
         with pytest.raises(ValueError, match=message):
             model.generate(idx, 1, **bad)
 
@@ -364,7 +420,8 @@ def test_sample_next_on_hand_made_logits():
 
 def test_float64_model_has_float64_rotary_tables_and_loss():
     """The rotary tables of a float64 model are computed in float64 (not cast from float32: ~1e-7 off), and
-    its loss is a float64 cross-entropy; a float32 model keeps float32 tables, and bf16 activations use them."""
+    its loss is a float64 cross-entropy; a float32 model keeps float32 tables, and bf16 activations use
+    them."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY, flavour="llama", mlp_hidden=48, n_layer=2)).double()
     cos, sin = model.rotary(0, 32, torch.float64, torch.device("cpu"))
@@ -394,10 +451,34 @@ def test_generate_marks_the_prompt_non_recurrent_by_default():
         model.gate.theta_r.fill_(0.8)
         model.gate.theta_x.fill_(-0.4)
     idx = torch.randint(0, 64, (2, 6))
-    plain, recurrent = model.generate(idx, 10, temperature=0), model.generate(idx, 10, temperature=0, recurrent_prompt=True)
+    plain, recurrent = model.generate(idx, 10, temperature=0), model.generate(
+        idx, 10, temperature=0, recurrent_prompt=True
+    )
     control = torch.cat([torch.ones(2, 6, dtype=torch.long), torch.full((2, 10), 2)], dim=1)
     for t in range(6, 16):
         assert torch.equal(model(plain[:, :t], control=control[:, :t])[0][:, -1].argmax(-1), plain[:, t])
         assert torch.equal(model(recurrent[:, :t])[0][:, -1].argmax(-1), recurrent[:, t])
     first = model(idx, control=control[:, :6])[0][:, -1] - model(idx)[0][:, -1]
     assert first.abs().max() > 1e-3                                # the prompt's marking changes the logits
+
+
+def test_t2mlr_mode_is_explicit_and_jacobi_refuses_a_cache():
+    """The mode is what the caller asks for: "jacobi" with a KV cache is an error (it used to run exact
+    silently), an unknown mode is an error, and the defaults are jacobi in train() without a cache and
+    exact otherwise (checked by value: Jacobi with D = 1 differs from exact beyond position 0)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, n_layer=4, t2mlr=True, l_start=1, l_end=2, jacobi_sweeps=1,
+                          jacobi_grad_sweeps=0))
+    with torch.no_grad():
+        model.gate.theta_r.fill_(0.8)
+    idx = torch.randint(0, 64, (2, 12))
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="mode 'jacobi' cannot continue a KV cache"):
+            model(idx, mode="jacobi", cache=model.new_cache())
+        with pytest.raises(ValueError, match="mode 'sweeps' is not one of"):
+            model(idx, mode="sweeps")
+        exact, jacobi = model(idx, mode="exact")[0], model(idx, mode="jacobi")[0]
+        assert (exact - jacobi)[:, 1:].abs().max() > 1e-4                 # D = 1: only position 0 exact
+        assert torch.equal(model.train()(idx)[0], jacobi)                # train(): jacobi
+        assert torch.equal(model.eval()(idx)[0], exact)                  # eval(): exact
+        assert torch.equal(model.train()(idx, cache=model.new_cache())[0], exact)   # a cache: exact

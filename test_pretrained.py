@@ -29,7 +29,8 @@ VOCAB = 96
 # Each case is a transformers config: GQA, tied and untied heads, partial rotary, RoPE θ != 10000.
 CASES = {
     "pythia_untied_rot25": ("GPTNeoX", dict(hidden_size=32, num_attention_heads=4, intermediate_size=80,
-                                            rotary_pct=0.25, rotary_emb_base=5000, tie_word_embeddings=False)),
+                                            rotary_pct=0.25, rotary_emb_base=5000,
+                                            tie_word_embeddings=False)),
     "pythia_tied_rot50": ("GPTNeoX", dict(hidden_size=48, num_attention_heads=3, intermediate_size=64,
                                           rotary_pct=0.5, rotary_emb_base=10000, tie_word_embeddings=True)),
     "smollm2_gqa_tied": ("Llama", dict(hidden_size=48, num_attention_heads=6, num_key_value_heads=2,
@@ -140,7 +141,7 @@ def test_t2mlr_retrofit_equals_the_released_model_at_step_0(saved, mode):
     """The gate starts as an exact identity (θ_r = θ_x = 0): T²MLR on layers 1..2 of the released model gives
     its logits, in Jacobi (training) and exact (token-by-token) mode, float64."""
     case, folder, ref = saved
-    ours = GPT.from_pretrained(folder, t2mlr=True, l_start=1, l_end=2, jacobi_iters=3, jacobi_grad_iters=1)
+    ours = GPT.from_pretrained(folder, t2mlr=True, l_start=1, l_end=2, jacobi_sweeps=3, jacobi_grad_sweeps=1)
     ours = ours.to(torch.float64).train(mode == "jacobi")
     ref64 = float64_reference(hf_model(case))
     x = ids(4, batch=2, length=20)
@@ -165,15 +166,27 @@ def test_neox_qkv_rows_regroup_per_head_layout():
 
 def test_config_maps_the_released_configs():
     """config.json of Pythia-160M (transformers 4 keys) and of SmolLM2-135M (as released) -> GPTConfig."""
-    pythia = {"architectures": ["GPTNeoXForCausalLM"], "hidden_act": "gelu", "hidden_size": 768,
-              "intermediate_size": 3072, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
-              "num_attention_heads": 12, "num_hidden_layers": 12, "rotary_emb_base": 10000, "rotary_pct": 0.25,
-              "tie_word_embeddings": False, "use_parallel_residual": True, "vocab_size": 50304}
+    pythia = {
+        "architectures": ["GPTNeoXForCausalLM"],
+        "hidden_act": "gelu",
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "layer_norm_eps": 1e-05,
+        "max_position_embeddings": 2048,
+        "num_attention_heads": 12,
+        "num_hidden_layers": 12,
+        "rotary_emb_base": 10000,
+        "rotary_pct": 0.25,
+        "tie_word_embeddings": False,
+        "use_parallel_residual": True,
+        "vocab_size": 50304,
+    }
     cfg = config_from_hf(pythia)
     assert (cfg.flavour, cfg.rope_pct, cfg.rope_theta, cfg.tie_embeddings, cfg.bias, cfg.embed_scale) == \
         ("neox", 0.25, 10000, False, True, False)
     with torch.device("meta"):
-        assert GPT(cfg).param_counts()["total"] == 162_322_944                  # Pythia-160M's parameter count
+        # Pythia-160M's parameter count
+        assert GPT(cfg).param_counts()["total"] == 162_322_944
     smollm2 = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 576,
                "intermediate_size": 1536, "max_position_embeddings": 8192, "num_attention_heads": 9,
                "num_hidden_layers": 30, "num_key_value_heads": 3, "rms_norm_eps": 1e-05, "rope_theta": 100000,
@@ -186,19 +199,42 @@ def test_config_maps_the_released_configs():
         assert GPT(config_from_hf(smollm2)).param_counts()["total"] == 134_515_008   # SmolLM2-135M's count
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"architectures": ["MistralForCausalLM"]}, r"^architecture 'MistralForCausalLM' is not supported; from_pretrained"),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, r"^LlamaForCausalLM: rope type = 'llama3' is not supported"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, r"^LlamaForCausalLM: rope type = 'yarn'"),
-    ({"sliding_window": 4096}, r"^LlamaForCausalLM: sliding_window = 4096 is not supported"),
-    ({"attention_bias": True}, r"^LlamaForCausalLM: attention_bias = True is not supported"),
-    ({"mlp_bias": True}, r"^LlamaForCausalLM: mlp_bias = True"),
-    ({"hidden_act": "gelu"}, r"^LlamaForCausalLM: hidden_act = 'gelu' is not supported \(these blocks have 'silu'\)"),
-    ({"head_dim": 16}, r"^LlamaForCausalLM: head_dim = 16 is not supported \(these blocks have 8\)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"architectures": ["MistralForCausalLM"]},
+            r"^architecture 'MistralForCausalLM' is not supported; from_pretrained",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+            r"^LlamaForCausalLM: rope type = 'llama3' is not supported",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
+            r"^LlamaForCausalLM: rope type = 'yarn'",
+        ),
+        ({"sliding_window": 4096}, r"^LlamaForCausalLM: sliding_window = 4096 is not supported"),
+        ({"attention_bias": True}, r"^LlamaForCausalLM: attention_bias = True is not supported"),
+        ({"mlp_bias": True}, r"^LlamaForCausalLM: mlp_bias = True"),
+        (
+            {"hidden_act": "gelu"},
+            r"^LlamaForCausalLM: hidden_act = 'gelu' is not supported \(these blocks have 'silu'\)",
+        ),
+        ({"head_dim": 16}, r"^LlamaForCausalLM: head_dim = 16 is not supported \(these blocks have 8\)"),
+    ],
+)
 def test_unsupported_llama_fields_are_named(change, message):
-    base = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 48, "intermediate_size": 64,
-            "max_position_embeddings": 64, "num_attention_heads": 6, "num_hidden_layers": 2, "vocab_size": VOCAB}
+    base = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_act": "silu",
+        "hidden_size": 48,
+        "intermediate_size": 64,
+        "max_position_embeddings": 64,
+        "num_attention_heads": 6,
+        "num_hidden_layers": 2,
+        "vocab_size": VOCAB,
+    }
     with pytest.raises(ValueError, match=message):
         config_from_hf(base | change)
 
@@ -210,8 +246,16 @@ def test_unsupported_llama_fields_are_named(change, message):
     ({"hidden_dropout": 0.1}, r"hidden_dropout = 0.1 is not supported"),
 ])
 def test_unsupported_neox_fields_are_named(change, message):
-    base = {"architectures": ["GPTNeoXForCausalLM"], "hidden_act": "gelu", "hidden_size": 32, "intermediate_size": 64,
-            "max_position_embeddings": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": VOCAB}
+    base = {
+        "architectures": ["GPTNeoXForCausalLM"],
+        "hidden_act": "gelu",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "max_position_embeddings": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": VOCAB,
+    }
     with pytest.raises(ValueError, match="^GPTNeoXForCausalLM: " + message):
         config_from_hf(base | change)
 
@@ -225,9 +269,13 @@ def test_missing_or_misshapen_weights_are_named(tmp_path):
     tensors = load_file(weights)
     tensors.pop("model.layers.1.mlp.up_proj.weight")
     save_file(tensors, weights)
-    with pytest.raises(ValueError, match=r"^the checkpoint does not fit this config: "
-                                         r"layers\.1\.mlp\.up\.weight \(64, 48\) vs this model's \(128, 48\)$"):
-        GPT.from_pretrained(str(tmp_path))                         # only the gate half of the fused up is left
+    with pytest.raises(
+        ValueError,
+        match=r"^the checkpoint does not fit this config: "
+        r"layers\.1\.mlp\.up\.weight \(64, 48\) vs this model's \(128, 48\)$",
+    ):
+        # only the gate half of the fused up is left
+        GPT.from_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match=r"layers\.4\.ln1\.weight is missing"):
         GPT.from_pretrained(str(tmp_path), n_layer=5)
     with pytest.raises(ValueError, match=r"holds no config.json"):
@@ -246,8 +294,14 @@ def train_tokenizer(folder, texts, vocab_size=300):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
@@ -259,8 +313,8 @@ TEXTS = ["The quick brown fox jumps over the lazy dog. " * 3, "Pack my box with 
 
 
 def test_hf_tokenizer_in_prepare_data_and_sample(tmp_path):
-    """prepare_data.py --tokenizer hf:<folder>: ids from the tokenizers library, EOS from tokenizer_config.json,
-    uint16 storage; decoding the stored ids gives the documents back."""
+    """prepare_data.py --tokenizer hf:<folder>: ids from the tokenizers library, EOS from
+    tokenizer_config.json, uint16 storage; decoding the stored ids gives the documents back."""
     folder = tmp_path / "tok"
     tok = train_tokenizer(folder, TEXTS)
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
@@ -268,7 +322,9 @@ def test_hf_tokenizer_in_prepare_data_and_sample(tmp_path):
                               "--out_dir", str(tmp_path / "data"), "--name", "hf", "--num_proc", "1"])
     assert (meta["tokenizer"], meta["eot"], meta["vocab_size"], meta["dtype"]) == \
         (f"hf:{folder}", 0, tok.get_vocab_size(), "uint16")
-    stored = np.concatenate([np.fromfile(tmp_path / "data" / "hf" / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
+    stored = np.concatenate(
+        [np.fromfile(tmp_path / "data" / "hf" / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")]
+    )
     assert (stored == 0).sum() == len(TEXTS)                       # one EOS per document
     ours = prepare_data.get_tokenizer(f"hf:{folder}")
     assert ours.encode(TEXTS[0]) == tok.encode(TEXTS[0], add_special_tokens=False).ids
@@ -283,17 +339,50 @@ def test_retrofit_run_from_a_saved_llama_trains_and_starts_at_its_logits(tmp_pat
     and sample.py decodes with the tokenizer recorded in the checkpoint."""
     folder = tmp_path / "llama"
     train_tokenizer(folder, TEXTS)
-    ref = hf_model("smollm2_gqa_tied", n_layer=3, vocab=320)      # the tokenizer holds 257 ids: 256 bytes + EOS
+    # the tokenizer holds 257 ids: 256 bytes + EOS
+    ref = hf_model("smollm2_gqa_tied", n_layer=3, vocab=320)
     ref.save_pretrained(folder)
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 4))
-    meta = prepare_data.main(["--input", str(tmp_path / "docs.jsonl"), "--tokenizer", f"hf:{folder}", "--out_dir",
-                              str(tmp_path / "data"), "--name", "d", "--num_proc", "1", "--val_fraction", "0.2"])
+    meta = prepare_data.main(
+        [
+            "--input",
+            str(tmp_path / "docs.jsonl"),
+            "--tokenizer",
+            f"hf:{folder}",
+            "--out_dir",
+            str(tmp_path / "data"),
+            "--name",
+            "d",
+            "--num_proc",
+            "1",
+            "--val_fraction",
+            "0.2",
+        ]
+    )
     out = tmp_path / "run"
-    args = [f"--init_from=hf:{folder}", f"--data_dir={tmp_path / 'data' / 'd'}", f"--out_dir={out}",
-            "--block_size=16", "--t2mlr=True", "--l_start=1", "--l_end=1", "--jacobi_iters=2",
-            "--jacobi_grad_iters=1", "--batch_size=2", "--total_batch_size=32", "--max_iters=3",
-            "--eval_interval=3", "--eval_iters=2", "--learning_rate=1e-3", "--warmup_iters=1", "--lr_decay_iters=3",
-            "--min_lr=1e-4", "--log_interval=1", "--compile=False", "--progress=False"]
+    args = [
+        f"--init_from=hf:{folder}",
+        f"--data_dir={tmp_path / 'data' / 'd'}",
+        f"--out_dir={out}",
+        "--block_size=16",
+        "--t2mlr=True",
+        "--l_start=1",
+        "--l_end=1",
+        "--jacobi_sweeps=2",
+        "--jacobi_grad_sweeps=1",
+        "--batch_size=2",
+        "--total_batch_size=32",
+        "--max_iters=3",
+        "--eval_interval=3",
+        "--eval_iters=2",
+        "--learning_rate=1e-3",
+        "--warmup_iters=1",
+        "--lr_decay_iters=3",
+        "--min_lr=1e-4",
+        "--log_interval=1",
+        "--compile=False",
+        "--progress=False",
+    ]
     train.main(args)
     ckpt = train.load_checkpoint(str(out / "ckpt.pt"))
     cfg = ckpt["model_config"]
@@ -315,8 +404,11 @@ def test_retrofit_run_from_a_saved_llama_trains_and_starts_at_its_logits(tmp_pat
     assert ckpt["model"]["gate.theta_r"].item() != 0.0             # the retrofitted gate was trained
     assert ckpt["tokenizer"] == f"hf:{folder}"
     capsys.readouterr()
-    sample.main([f"--out_dir={out}", "--start=The quick", "--max_new_tokens=5", "--num_samples=1", "--temperature=0"])
-    assert capsys.readouterr().out.startswith("The quick")        # decoded by the byte-level BPE trained above
+    sample.main(
+        [f"--out_dir={out}", "--start=The quick", "--max_new_tokens=5", "--num_samples=1", "--temperature=0"]
+    )
+    # decoded by the byte-level BPE trained above
+    assert capsys.readouterr().out.startswith("The quick")
 
 
 def test_hf_init_refuses_data_of_another_tokenizer(tmp_path):
@@ -329,5 +421,13 @@ def test_hf_init_refuses_data_of_another_tokenizer(tmp_path):
         train.main([f"--init_from=hf:{folder}", f"--data_dir={tmp_path / 'data' / 'b'}", "--vocab_size=320",
                     f"--out_dir={tmp_path / 'run'}", "--block_size=16"])
     assert not (tmp_path / "run").exists()
-    with pytest.raises(train.RunError, match=rf"prepare_data.py --input <your files> --name none --tokenizer hf:{folder}"):
-        train.main([f"--init_from=hf:{folder}", f"--data_dir={tmp_path / 'data' / 'none'}", f"--out_dir={tmp_path / 'run'}"])
+    with pytest.raises(
+        train.RunError, match=rf"prepare_data.py --input <your files> --name none --tokenizer hf:{folder}"
+    ):
+        train.main(
+            [
+                f"--init_from=hf:{folder}",
+                f"--data_dir={tmp_path / 'data' / 'none'}",
+                f"--out_dir={tmp_path / 'run'}",
+            ]
+        )

@@ -1,6 +1,6 @@
 """
-Tests of probe.py: the properties of the three measures (MeSH paper §4.1) and a run of the command line on tiny
-random checkpoints of each kind of variant. Run: python -m pytest -q test_probe.py (a few seconds)
+Tests of probe.py: the properties of the three measures (MeSH paper §4.1) and a run of the command line on
+tiny random checkpoints of each kind of variant. Run: python -m pytest -q test_probe.py (a few seconds)
 """
 
 import json
@@ -44,7 +44,8 @@ def test_linear_cka_equals_the_direct_formula():
 
 
 def test_rbf_cka_matches_kornblith_reference_code():
-    """numpy transcription of Kornblith et al.'s gram_rbf / center_gram / cka (google-research/representation_similarity)."""
+    """numpy transcription of Kornblith et al.'s gram_rbf / center_gram / cka
+    (google-research/representation_similarity)."""
     x, y = random_states(b=1, seed=4)[0].numpy(), random_states(b=1, seed=5)[0].numpy()
 
     def gram_rbf(a):
@@ -67,12 +68,15 @@ def test_rbf_cka_matches_kornblith_reference_code():
 def test_a_rank_r_matrix_has_r_nonzero_normalised_singular_values():
     g = torch.Generator().manual_seed(0)
     r = 5
-    x = torch.randn(2, 60, r, generator=g, dtype=torch.float64) @ torch.randn(2, r, 32, generator=g, dtype=torch.float64)
+    x = torch.randn(2, 60, r, generator=g, dtype=torch.float64) @ torch.randn(
+        2, r, 32, generator=g, dtype=torch.float64
+    )
     sigma = probe.singular_values(x)
     ratios = sigma / sigma[:, :1]
     assert ((ratios > 1e-10).sum(dim=1) == r).all()
     assert (probe.effective_rank(sigma) <= r + 1e-6).all()
-    flat = torch.ones(1, 8, dtype=torch.float64)          # equal singular values: effective rank = their number
+    # equal singular values: effective rank = their number
+    flat = torch.ones(1, 8, dtype=torch.float64)
     assert torch.allclose(probe.effective_rank(flat), torch.tensor([8.0], dtype=torch.float64))
 
 
@@ -88,7 +92,7 @@ TINY = dict(vocab_size=64, block_size=32, n_embd=32, n_head=4)
 VARIANTS = {
     "vanilla": dict(n_layer=3),
     "mesh": dict(layout="1+1R3+1", state_mode="mesh"),
-    "t2mlr": dict(flavour="llama", mlp_hidden=64, n_layer=4, t2mlr=True, l_start=1, l_end=2, jacobi_iters=4),
+    "t2mlr": dict(flavour="llama", mlp_hidden=64, n_layer=4, t2mlr=True, l_start=1, l_end=2, jacobi_sweeps=4),
 }
 
 
@@ -99,15 +103,24 @@ def write_checkpoint(tmp_path, fields):
     rng = np.random.default_rng(0)
     for split, n in (("train", 400), ("val", 300)):
         rng.integers(0, 60, n).astype(np.uint16).tofile(data / f"{split}.bin")
-    (data / "meta.json").write_text(json.dumps({"vocab_size": 60, "dtype": "uint16", "train_tokens": 400, "val_tokens": 300}))
+    (data / "meta.json").write_text(
+        json.dumps({"vocab_size": 60, "dtype": "uint16", "train_tokens": 400, "val_tokens": 300})
+    )
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY, **fields))
     if model.gate is not None:          # θ = 0.5 so the state matters (θ = 0: identity gate)
         model.gate.theta_r.data.fill_(0.5)
         model.gate.theta_x.data.fill_(0.5)
     path = tmp_path / "ckpt.pt"
-    torch.save({"model": model.state_dict(), "model_config": asdict(model.cfg),
-                "train_config": {"dataset": "tiny", "data_dir": str(data), "batch_size": 4}, "tokenizer": "byte"}, path)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "model_config": asdict(model.cfg),
+            "train_config": {"dataset": "tiny", "data_dir": str(data), "batch_size": 4},
+            "tokenizer": "byte",
+        },
+        path,
+    )
     return path
 
 
@@ -135,7 +148,9 @@ def test_probe_command_line_writes_json_and_figures(tmp_path, variant):
     rbf = np.array(saved["cka"]["rbf"])
     assert rbf.shape == (s, s) and np.allclose(np.diag(rbf), 1) and np.allclose(rbf, rbf.T)
     assert all(len(v) == min(32, 50) for v in saved["spectra"]["ratio_mean"].values())
-    assert all(v[0] == pytest.approx(1) and max(v) <= 1 + 1e-9 for v in saved["spectra"]["ratio_mean"].values())
+    assert all(
+        v[0] == pytest.approx(1) and max(v) <= 1 + 1e-9 for v in saved["spectra"]["ratio_mean"].values()
+    )
     assert all(len(saved["skew"][k]) == len(blocks) for k in ("mean", "std"))
     pytest.importorskip("matplotlib")
     for name in ("skew", "cka", "spectra"):

@@ -29,8 +29,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Statistics
 
 # Two-sided 95% Student-t multipliers t_{0.975, df}, as printed in every statistics table.
-T_TABLE = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 9: 2.2622, 10: 2.2281, 20: 2.0860,
-           30: 2.0423}
+T_TABLE = {
+    1: 12.7062,
+    2: 4.3027,
+    3: 3.1824,
+    4: 2.7764,
+    5: 2.5706,
+    6: 2.4469,
+    9: 2.2622,
+    10: 2.2281,
+    20: 2.0860,
+    30: 2.0423,
+}
 
 
 @pytest.mark.parametrize("df", sorted(T_TABLE))
@@ -61,7 +71,9 @@ def test_paired_stats_against_hand_computed_values():
     st = reproduce.paired_stats({1: 1.0, 2: 2.0, 3: 3.0}, {1: 0.5, 2: 1.0, 3: 2.5})
     assert st["n"] == 3 and st["seeds"] == [1, 2, 3]
     assert st["mean"] == pytest.approx(2.0) and st["std"] == pytest.approx(1.0)
-    assert st["baseline_mean"] == pytest.approx(4 / 3) and st["baseline_std"] == pytest.approx(math.sqrt(13 / 12))
+    assert st["baseline_mean"] == pytest.approx(4 / 3) and st["baseline_std"] == pytest.approx(
+        math.sqrt(13 / 12)
+    )
     assert st["diff"] == pytest.approx(2 / 3) and st["diff_std"] == pytest.approx(math.sqrt(1 / 12))
     assert st["t"] == pytest.approx(4.302653, abs=1e-6)
     assert st["half_width"] == pytest.approx(0.717109, abs=1e-6)
@@ -81,7 +93,11 @@ def test_paired_stats_pairs_by_seed_and_calls_orderings_only_outside_the_interva
     assert st["excludes_zero"] is True
     assert reproduce.verdict(st, -1) == "reproduced" and reproduce.verdict(st, +1) == "not reproduced"
     one = reproduce.paired_stats({1: 1.0}, {1: 2.0})                       # one pair: no interval
-    assert one["diff"] == -1.0 and one["ci"] is None and reproduce.verdict(one, -1) == "not resolvable at this scale"
+    assert (
+        one["diff"] == -1.0
+        and one["ci"] is None
+        and reproduce.verdict(one, -1) == "not resolvable at this scale"
+    )
     with pytest.raises(ValueError):
         reproduce.paired_stats({1: 1.0}, {2: 1.0})
 
@@ -110,10 +126,14 @@ def test_grid_is_paired_and_uses_one_protocol():
     assert len(names) == len(set(names)) == 3 * 10 + 3 * 4
     mesh = [r for r in runs if r.study == "mesh"]
     # every MeSH-study run: the same schedule and batch, unrolled depth 8; seeds 1..3
-    assert len({json.dumps({k: v for k, v in r.train.items() if k != "seed"}, sort_keys=True) for r in mesh}) == 1
+    assert (
+        len({json.dumps({k: v for k, v in r.train.items() if k != "seed"}, sort_keys=True) for r in mesh})
+        == 1
+    )
     assert {GPTConfig(**r.model).n_unrolled for r in mesh} == {8}
     assert {r.seed for r in mesh} == {1, 2, 3}
-    assert [r.seed for r in runs] == sorted(r.seed for r in runs)           # seeds outermost, across both studies
+    # seeds outermost, across both studies
+    assert [r.seed for r in runs] == sorted(r.seed for r in runs)
     t2 = [r for r in runs if r.study == "t2mlr"]
     flops = {r.arm: reproduce.flops_per_token(r.model) * r.steps for r in t2 if r.seed == 1}
     assert flops["plain_flops"] == pytest.approx(flops["t2mlr"], rel=0.01)     # equal training FLOPs
@@ -135,7 +155,8 @@ def test_arms_share_the_seeds_reference_weights_wherever_shapes_agree():
     for name in ("mesh_K2_base_s1", "mesh_K2_mesh_s1", "mesh_K4_anchor_s1", "mesh_K2_mesh_as_base_s1"):
         own = reproduce.initial_model(run_named(pr, name)).state_dict()
         shared = [k for k in own if k in vanilla and own[k].shape == vanilla[k].shape]
-        assert set(own) - set(shared) == {k for k in own if k.startswith("mesh.")}, name    # all but the routers
+        # all but the routers
+        assert set(own) - set(shared) == {k for k in own if k.startswith("mesh.")}, name
         assert all(torch.equal(own[k], vanilla[k]) for k in shared), name
     other_seed = reproduce.initial_model(run_named(pr, "mesh_K2_base_s2")).state_dict()
     assert not torch.equal(other_seed["wte.weight"], vanilla["wte.weight"])
@@ -165,7 +186,8 @@ def test_router_bias_starts_mesh_as_base_or_residual(kind):
     reproduce.set_router_bias(mesh, kind, p=1 - 1e-15)       # one-hot in the limit: exactly the special case
     idx = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(1))
     assert torch.allclose(mesh(idx)[0], other(idx)[0], rtol=0, atol=1e-9)
-    reproduce.set_router_bias(mesh, kind)                    # the arm's p: weight p on the slot at zero logits
+    # the arm's p: weight p on the slot at zero logits
+    reproduce.set_router_bias(mesh, kind)
     for router in (*mesh.mesh.write_routers, *mesh.mesh.read_routers):
         assert torch.softmax(router.bias, 0).max().item() == pytest.approx(reproduce.ROUTER_P, abs=1e-12)
 
@@ -179,8 +201,8 @@ def test_scale_probe_agrees_with_probe_py_and_undoes_a_state_scale():
     res = probe.run_probe(mesh, seqs, batch_size=2, top=8)
     assert sc["blocks"] == res["skew"]["blocks"] == ["prelude", "core0", "core1", "core2", "coda"]
     assert sc["skew"] == pytest.approx(res["skew"]["mean"], abs=1e-6)
-    # skew_unit is the relative update of the block applied to its input at RMS 1: for the prelude (input h_emb)
-    # it is the skew of a model whose embeddings are rescaled so that h_emb has RMS 1
+    # skew_unit is the relative update of the block applied to its input at RMS 1: for the prelude (input
+    # h_emb) it is the skew of a model whose embeddings are rescaled so that h_emb has RMS 1
     scaled = GPT(mesh.cfg)
     scaled.load_state_dict(mesh.state_dict())
     with torch.no_grad():
@@ -196,10 +218,24 @@ def test_scale_probe_agrees_with_probe_py_and_undoes_a_state_scale():
 
 @pytest.fixture(scope="module")
 def pydoc(tmp_path_factory):
-    """Byte tokens of the Python manual (ships with CPython): data for tiny runs, prepared in a few seconds."""
+    """Byte tokens of the Python manual (ships with CPython): data for tiny runs, prepared in a few
+    seconds."""
     out = tmp_path_factory.mktemp("data")
-    subprocess.run([sys.executable, os.path.join(HERE, "prepare_data.py"), "--source", "pydoc", "--tokenizer", "byte",
-                    "--out_dir", str(out)], check=True, capture_output=True, cwd=HERE)
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(HERE, "prepare_data.py"),
+            "--source",
+            "pydoc",
+            "--tokenizer",
+            "byte",
+            "--out_dir",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=HERE,
+    )
     return str(out / "pydoc")
 
 
@@ -275,8 +311,21 @@ def test_quick_mode_end_to_end_slow(pydoc, tmp_path):
     report = json.loads((results / "reproduce.json").read_text())
     grid = reproduce.make_grid(reproduce.QUICK)
     assert report["complete"] and report["n_done"] == len(grid) == 28
-    assert set(report) >= {"protocol", "data", "tables", "claims", "resolution_bpb", "runs", "figures", "wall_s_runs"}
-    assert set(report["runs"]) == {r.name for r in grid} == {p.stem for p in (results / "reproduce").glob("*.json")}
+    assert set(report) >= {
+        "protocol",
+        "data",
+        "tables",
+        "claims",
+        "resolution_bpb",
+        "runs",
+        "figures",
+        "wall_s_runs",
+    }
+    assert (
+        set(report["runs"])
+        == {r.name for r in grid}
+        == {p.stem for p in (results / "reproduce").glob("*.json")}
+    )
     for name, s in report["runs"].items():
         assert set(s) >= {"config", "seed", "curve", "train_curve", "final", "flops_per_token", "wall_s"}
         assert s["final"]["val_bpb"] > 0 and s["curve"]["step"][-1] == s["steps"]
@@ -287,7 +336,9 @@ def test_quick_mode_end_to_end_slow(pydoc, tmp_path):
     assert set(report["tables"]["t2mlr"]["arms"]) == {"plain", "t2mlr", "plain_224", "plain_flops"}
     assert list(report["tables"]["jacobi_gap"]) == ["1", "2", "4", "8", "16"]
     claims = {c["id"]: c for c in report["claims"]}
-    assert {"mesh-K2-1", "mesh-K4-3", "diag-K4-1b", "t2mlr-1", "t2mlr-2", "t2mlr-2b", "t2mlr-3"} <= set(claims)
+    assert {"mesh-K2-1", "mesh-K4-3", "diag-K4-1b", "t2mlr-1", "t2mlr-2", "t2mlr-2b", "t2mlr-3"} <= set(
+        claims
+    )
     assert all(c["ours"]["n"] == 2 and c["ours"]["ci"] is not None for c in claims.values())
     assert "mesh-K4-6" not in claims                                # K4 has no mesh_as_base arm
     for path in report["figures"]:
@@ -298,10 +349,42 @@ def test_quick_mode_end_to_end_slow(pydoc, tmp_path):
     assert json.loads((results / "reproduce.json").read_text())["tables"] == report["tables"]
     # `reproduce.py starts`: the zero start's Jacobi gaps equal the run's own gap table (same windows)
     ckpt = tmp_path / "out" / "t2mlr_t2mlr_s1" / "ckpt.pt"
-    rows = reproduce.main(["starts", str(ckpt), "--data_dir", pydoc, "--windows", str(reproduce.QUICK.gap_windows),
-                           "--out", str(tmp_path / "starts.json")])
+    rows = reproduce.main(
+        [
+            "starts",
+            str(ckpt),
+            "--data_dir",
+            pydoc,
+            "--windows",
+            str(reproduce.QUICK.gap_windows),
+            "--out",
+            str(tmp_path / "starts.json"),
+        ]
+    )
     gap = report["runs"]["t2mlr_t2mlr_s1"]["jacobi_gap"]
     assert rows[0]["exact"] == pytest.approx(gap["exact"], abs=1e-5)
     assert rows[0]["zero"] == pytest.approx([j - gap["exact"] for j in gap["jacobi"]], abs=2e-5)
     assert len(rows[0]["plain"]) == 5 and rows[0]["plain"] != rows[0]["zero"]
     assert json.loads((tmp_path / "starts.json").read_text())["runs"][0]["depths"] == [1, 2, 4, 8, 16]
+
+
+def test_tolerance_summary_pairs_seeds_and_calls_a_win_only_within_the_spread():
+    """reproduce.py tolerance: runs pair by seed (an unpaired seed is left out); the tolerance wins only when
+    it is faster and its mean val-loss difference lies within the fixed arm's seed spread."""
+    def run(seed, loss, wall, passes):
+        return {"seed": seed, "final_exact_val_loss": loss, "wall_s": wall, "median_step_ms": wall,
+                "mean_passes": passes}
+    fixed = [run(1, 1.50, 100.0, 16.0), run(2, 1.52, 110.0, 16.0), run(3, 9.0, 1.0, 16.0)]
+    tol = [run(1, 1.505, 80.0, 12.0), run(2, 1.515, 99.0, 13.0)]
+    s = reproduce.tolerance_summary(fixed, tol)
+    assert s["seeds"] == [1, 2]
+    assert s["val_loss_diff"] == pytest.approx([0.005, -0.005]) and s["val_loss_diff_mean"] == pytest.approx(0)
+    assert s["fixed_seed_spread"] == pytest.approx(0.02)
+    assert s["wall_ratio"] == pytest.approx([0.8, 0.9]) and s["passes"]["tol"] == [12.0, 13.0]
+    assert s["win"] is True
+    worse = [run(1, 1.55, 80.0, 12.0), run(2, 1.57, 99.0, 13.0)]          # 0.05 worse: beyond the spread
+    assert reproduce.tolerance_summary(fixed, worse)["win"] is False
+    slower = [run(1, 1.50, 120.0, 16.0), run(2, 1.52, 130.0, 16.0)]       # no loss change but slower
+    assert reproduce.tolerance_summary(fixed, slower)["win"] is False
+    with pytest.raises(ValueError, match="no seed"):
+        reproduce.tolerance_summary(fixed, [run(7, 1.5, 1.0, 1.0)])

@@ -1,5 +1,6 @@
 """
-Training you can trust, end to end on tiny vanilla, MeSH and T²MLR models (CPU, fp32, train.py as a user runs it):
+Training you can trust, end to end on tiny vanilla, MeSH and T²MLR models (CPU, fp32, train.py as run by
+users):
 
 - resume: 3 steps, stop, --init_from=resume, 3 more == 6 steps straight, bit for bit (losses, weights,
   optimizer state, RNG and data-sampler state), with a warmup + cosine schedule;
@@ -34,15 +35,18 @@ ARCHS = {
     "vanilla": ["--bias=False"],
     "mesh": ["--layout=1+1R2+1", "--state_mode=mesh", "--bias=False"],
     "t2mlr": ["--flavour=llama", "--n_layer=3", "--mlp_hidden=64", "--t2mlr=True", "--l_start=1", "--l_end=2",
-              "--jacobi_iters=4", "--jacobi_grad_iters=2"],
+              "--jacobi_sweeps=4", "--jacobi_grad_sweeps=2"],
 }
-# 512 tokens per step = 4 sequences x 32 tokens x 4 micro-steps in one process, x 2 micro-steps x 2 ranks under DDP
+# 512 tokens per step = 4 sequences x 32 tokens x 4 micro-steps in one process, x 2 micro-steps x 2 ranks
+# under DDP
 ARGS = [*TINY, "--dataset=fox", "--total_batch_size=512", "--warmup_iters=2", "--eval_interval=3"]
 
 
 def start(*args, cwd, torchrun=False):
     """Start train.py (optionally under torchrun with 2 ranks) without waiting; stdout/stderr to pipes."""
-    cmd = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] if torchrun else [])
+    cmd = [sys.executable] + (
+        ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] if torchrun else []
+    )
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     return subprocess.Popen(cmd + [os.path.join(ROOT, "train.py"), *args], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -65,7 +69,8 @@ def val_rows(out_dir):
 @pytest.fixture(scope="module", params=ARCHS)
 def runs(request, tmp_path_factory):
     """For one architecture: 'straight' (6 steps, 1 process), 'split' (3 steps with the 6-step schedule, then
-    resumed to 6) and 'ddp' (6 steps, 2 ranks); the first three start together. Returns {name: (dir, stdout)}."""
+    resumed to 6) and 'ddp' (6 steps, 2 ranks); the first three start together. Returns {name: (dir,
+    stdout)}."""
     ws = tmp_path_factory.mktemp(request.param)
     write_dataset(ws / "data" / "fox")
     args = [*ARGS, *ARCHS[request.param]]
@@ -94,8 +99,11 @@ def test_resume_is_bit_exact(runs):
     for key in ("loss", "grad_norm", "lr"):            # the same batches, updates and schedule, step by step
         assert [r[key] for r in rows_a] == [r[key] for r in rows_b], key
     assert rows_b[-1]["lr"] == pytest.approx(1e-3)     # the resumed run ends the 6-step cosine at min_lr
-    assert [(r["step"], r["val_loss"]) for r in val_rows(straight)] == [(r["step"], r["val_loss"]) for r in val_rows(split)]
-    assert [r["step"] for r in val_rows(split)] == [0, 3, 6]   # appended on resume; step 3 not evaluated twice
+    assert [(r["step"], r["val_loss"]) for r in val_rows(straight)] == [
+        (r["step"], r["val_loss"]) for r in val_rows(split)
+    ]
+    # appended on resume; step 3 not evaluated twice
+    assert [r["step"] for r in val_rows(split)] == [0, 3, 6]
 
 
 def test_ddp_equals_one_process(runs):
@@ -140,7 +148,12 @@ def test_every_parameter_gets_a_gradient(arch):
     if arch != "t2mlr":
         assert zero_grads() == []
     else:   # the gate starts as an exact identity, tanh(θ) = 0 times its other weights: only θ moves at first
-        assert zero_grads() == ["gate.proj.weight", "gate.gates_x.weight", "gate.gates_x.bias", "gate.gates_r.weight"]
+        assert zero_grads() == [
+            "gate.proj.weight",
+            "gate.gates_x.weight",
+            "gate.gates_x.bias",
+            "gate.gates_r.weight",
+        ]
         with torch.no_grad():
             model.gate.theta_r.fill_(0.5), model.gate.theta_x.fill_(0.5)
         assert zero_grads() == []
@@ -148,21 +161,23 @@ def test_every_parameter_gets_a_gradient(arch):
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes (POSIX)")
 def test_sigkill_while_writing_a_checkpoint(tmp_path):
-    """The checkpoint write is made observable by a named pipe at ckpt.pt.tmp: train.py blocks inside torch.save
-    once the pipe is full, and is killed there, mid-write. No timing is involved."""
+    """The checkpoint write is made observable by a named pipe at ckpt.pt.tmp: train.py blocks inside
+    torch.save once the pipe is full, and is killed there, mid-write. No timing is involved."""
     write_dataset(tmp_path / "data" / "fox")
     args = [*ARGS, *ARCHS["vanilla"], "--eval_interval=2"]
     straight = start(*args, "--max_iters=4", "--out_dir=straight", cwd=tmp_path)
     finish(start(*args, "--max_iters=2", "--lr_decay_iters=4", "--out_dir=run", cwd=tmp_path))
     ckpt, tmp = tmp_path / "run" / "ckpt.pt", tmp_path / "run" / "ckpt.pt.tmp"
     before = hashlib.sha256(ckpt.read_bytes()).hexdigest()
-    assert ckpt.stat().st_size > 4 * 65536                # far more than a pipe holds (64 KiB): the writer blocks
+    # far more than a pipe holds (64 KiB): the writer blocks
+    assert ckpt.stat().st_size > 4 * 65536
     os.mkfifo(tmp)
     victim = start(*args, "--max_iters=4", "--init_from=resume", "--out_dir=run", cwd=tmp_path)
     reader = {}
     opener = threading.Thread(target=lambda: reader.setdefault("f", open(tmp, "rb")), daemon=True)
     opener.start()
-    while opener.is_alive():                              # until train.py opens ckpt.pt.tmp for its step-4 save
+    # until train.py opens ckpt.pt.tmp for its step-4 save
+    while opener.is_alive():
         opener.join(0.5)
         if victim.poll() is not None:                     # it died instead: unblock the opener, then fail
             open(tmp, "wb").close()
@@ -187,4 +202,5 @@ def test_sigkill_while_writing_a_checkpoint(tmp_path):
     rows = train_rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 2, 3]
     assert all(r["loss"] == losses[r["step"]] for r in rows)
-    assert not tmp.exists()                               # the leftover partial file was overwritten and renamed
+    # the leftover partial file was overwritten and renamed
+    assert not tmp.exists()

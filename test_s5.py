@@ -16,8 +16,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from s5_retrieval import (PERMUTATIONS, TOKENIZER, LSTMLM, S5Config, apply_action, format_example, lstm_hidden_for,
-                          make_batch, make_example, perm_token, score)
+from s5_retrieval import (
+    PERMUTATIONS,
+    TOKENIZER,
+    LSTMLM,
+    S5Config,
+    apply_action,
+    format_example,
+    lstm_hidden_for,
+    make_batch,
+    make_example,
+    perm_token,
+    score,
+)
 
 ROOT = Path(__file__).resolve().parent
 
@@ -47,11 +58,16 @@ def test_worked_example_token_for_token():
     dictionary = [((4, 2, 3, 5, 1), "gRV5"), ((1, 4, 3, 2, 5), "IfLB"), ((1, 2, 4, 5, 3), "poiV")]
     actions = [(4, 2, 3, 5, 1), (1, 4, 3, 2, 5), (1, 2, 4, 5, 3)]
     inputs, targets, control = format_example(dictionary, actions)
-    assert "".join(inputs) == "<A_42351>gRV5<A_14325>IfLB<A_12453>poiV|<A_42351>    <A_14325>    <A_12453>    "
-    assert "".join(targets) == "<A_42351>gRV5<A_14325>IfLB<A_12453>poiV|<A_42351>gRV5<A_45321>IfLB<A_45213>poiV"
+    assert (
+        "".join(inputs) == "<A_42351>gRV5<A_14325>IfLB<A_12453>poiV|<A_42351>    <A_14325>    <A_12453>    "
+    )
+    assert (
+        "".join(targets) == "<A_42351>gRV5<A_14325>IfLB<A_12453>poiV|<A_42351>gRV5<A_45321>IfLB<A_45213>poiV"
+    )
     assert len(inputs) == len(targets) == len(control) == 10 * 3 + 1
     assert control == [1] * 16 + [2] * 15
-    assert TOKENIZER.split("".join(inputs)) == inputs            # atomic permutation tokens survive a round trip
+    # atomic permutation tokens survive a round trip
+    assert TOKENIZER.split("".join(inputs)) == inputs
 
 
 def test_tokenizer_has_the_reference_layout_and_round_trips():
@@ -82,7 +98,8 @@ def test_generator_is_seeded_and_follows_the_format():
         assert len(inputs) == (2 + 2 * 3) * n + 1
         prompt = inputs[:inputs.index("|") + 1]
         keys = prompt[0:-1:4]
-        assert len(keys) == n and len(set(keys)) == n               # n distinct keys: actions plus distractors
+        # n distinct keys: actions plus distractors
+        assert len(keys) == n and len(set(keys)) == n
         codes = {prompt[i]: "".join(prompt[i + 1:i + 4]) for i in range(0, len(prompt) - 1, 4)}
         actions = inputs[len(prompt)::4]
         assert all(a in codes for a in actions)                      # every action has its entry
@@ -126,11 +143,13 @@ def test_metrics_on_hand_made_predictions():
     assert counts(perfect) == {"seq": [1, 1], "answers": [10, 5], "answers_right": [10, 5],
                                "states": [2, 1], "states_right": [2, 1]}
     one_wrong = perfect.clone()
-    one_wrong[0, -1] = torch.nn.functional.one_hot((targets[0, -1] + 1) % 188, 188)   # the last code character
+    # the last code character
+    one_wrong[0, -1] = torch.nn.functional.one_hot((targets[0, -1] + 1) % 188, 188)
     assert counts(one_wrong) == {"seq": [0, 1], "answers": [10, 5], "answers_right": [9, 5],
                                  "states": [2, 1], "states_right": [2, 1]}
     state_wrong = perfect.clone()
-    state_wrong[1, 6] = torch.nn.functional.one_hot((targets[1, 6] + 1) % 188, 188)   # the only state of row 1
+    # the only state of row 1
+    state_wrong[1, 6] = torch.nn.functional.one_hot((targets[1, 6] + 1) % 188, 188)
     assert counts(state_wrong)["states_right"] == [2, 0] and counts(state_wrong)["seq"] == [1, 0]
     prompt_wrong = perfect.clone()
     prompt_wrong[1, 0] = torch.nn.functional.one_hot((targets[1, 0] + 1) % 188, 188)   # the dictionary copy
@@ -141,7 +160,8 @@ def test_metrics_on_hand_made_predictions():
 
 
 def test_evaluate_aggregates_per_n():
-    """A model that predicts the targets perfectly except every state token scores 0 state and 1 code accuracy."""
+    """A model that predicts the targets perfectly except every state token scores 0 state and 1 code
+    accuracy."""
     from s5_retrieval import evaluate
     from train import autocast_context
 
@@ -171,7 +191,9 @@ def test_lstm_is_tied_and_parameter_matched():
     n = sum(p.numel() for p in lstm.parameters())
     assert abs(n - 1_180_034) / 1_180_034 < 0.05
     assert n == 188 * h + 4 * 4 * (2 * h * h + 2 * h)              # the embedding is also the head
-    logits, loss = lstm(torch.zeros(2, 5, dtype=torch.long), torch.full((2, 5), -1).index_fill_(1, torch.tensor([0]), 3))
+    logits, loss = lstm(
+        torch.zeros(2, 5, dtype=torch.long), torch.full((2, 5), -1).index_fill_(1, torch.tensor([0]), 3)
+    )
     assert logits.shape == (2, 5, 188) and torch.isfinite(loss)
 
 
@@ -185,10 +207,15 @@ def test_configs_are_parameter_matched(prefix, width):
     counts = {}
     for name in ("t2mlr", "transformer", "lstm"):
         (model_cfg, _, s5), _ = load_config([f"config/{prefix}{name}.py"], GPTConfig, TrainConfig, S5Config)
-        model = GPT(model_cfg) if s5.arch == "gpt" else LSTMLM(model_cfg.vocab_size, s5.lstm_hidden, s5.lstm_layers)
+        model = (
+            GPT(model_cfg)
+            if s5.arch == "gpt"
+            else LSTMLM(model_cfg.vocab_size, s5.lstm_hidden, s5.lstm_layers)
+        )
         counts[name] = sum(p.numel() for p in model.parameters())
     assert abs(counts["lstm"] - counts["t2mlr"]) / counts["t2mlr"] < 0.05, counts
-    assert counts["t2mlr"] - counts["transformer"] == 5 * width ** 2 + 2 * width + 2     # the gate, nothing else
+    # the gate, nothing else
+    assert counts["t2mlr"] - counts["transformer"] == 5 * width ** 2 + 2 * width + 2
 
 
 def test_quick_run_lowers_the_training_loss(tmp_path):
@@ -203,10 +230,25 @@ def test_quick_run_lowers_the_training_loss(tmp_path):
     assert "n=  6: sequence accuracy" in result.stdout
 
 
-TINY_RUN = ["config/s5_tiny_t2mlr.py", "--n_layer=2", "--l_end=1", "--n_embd=32", "--n_head=2", "--n_kv_head=2",
-            "--mlp_hidden=64", "--jacobi_iters=4", "--jacobi_grad_iters=2", "--train_max_n=3", "--test_max_n=3",
-            "--batch_size=4", "--eval_examples=4", "--warmup_iters=1", "--log_interval=1", "--eval_interval=2",
-            "--lr_decay_iters=4"]
+TINY_RUN = [
+    "config/s5_tiny_t2mlr.py",
+    "--n_layer=2",
+    "--l_end=1",
+    "--n_embd=32",
+    "--n_head=2",
+    "--n_kv_head=2",
+    "--mlp_hidden=64",
+    "--jacobi_sweeps=4",
+    "--jacobi_grad_sweeps=2",
+    "--train_max_n=3",
+    "--test_max_n=3",
+    "--batch_size=4",
+    "--eval_examples=4",
+    "--warmup_iters=1",
+    "--log_interval=1",
+    "--eval_interval=2",
+    "--lr_decay_iters=4",
+]
 
 
 def tiny_run(*extra):
@@ -226,7 +268,10 @@ def test_runs_are_only_continued_or_reused_with_their_own_settings(tmp_path):
     with pytest.raises(ConfigError, match="init_from 'x.pt'"):
         tiny_run("--max_iters=2", out, "--init_from=x.pt")
     tiny_run("--max_iters=4", out)
-    with pytest.raises(RunError, match=r"results.json was made with other values of n_head, n_kv_head, n_embd"):   # a finished run, another model
+    # a finished run, another model
+    with pytest.raises(
+        RunError, match=r"results.json was made with other values of n_head, n_kv_head, n_embd"
+    ):
         tiny_run("--max_iters=4", out, "--n_embd=64", "--n_head=4", "--n_kv_head=4")
     with pytest.raises(RunError, match=r"other values of arch"):
         tiny_run("--max_iters=4", out, "--arch=lstm")
@@ -244,8 +289,8 @@ def test_evaluations_off_the_log_grid_get_their_own_rows(tmp_path):
 
 
 def test_resume_continues_exactly(tmp_path):
-    """Stopped at step 2 (on the schedule of 4 steps) and resumed: the same weights, losses and accuracies as an
-    uninterrupted run of 4 steps; a finished run is returned as is; another model config is refused."""
+    """Stopped at step 2 (on the schedule of 4 steps) and resumed: the same weights, losses and accuracies as
+    an uninterrupted run of 4 steps; a finished run is returned as is; another model config is refused."""
     from train import RunError
     run = tiny_run
     whole = run("--max_iters=4", f"--out_dir={tmp_path / 'whole'}")
@@ -255,19 +300,32 @@ def test_resume_continues_exactly(tmp_path):
     assert split["per_n"] == whole["per_n"]
     a, b = (torch.load(tmp_path / d / "ckpt.pt", weights_only=True)["model"] for d in ("whole", "split"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert run("--max_iters=4", f"--out_dir={tmp_path / 'split'}")["curve"] == split["curve"]     # finished: skipped
+    # finished: skipped
+    assert run("--max_iters=4", f"--out_dir={tmp_path / 'split'}")["curve"] == split["curve"]
     with pytest.raises(RunError, match="n_embd"):
-        run("--max_iters=6", f"--out_dir={tmp_path / 'split'}", "--init_from=resume", "--n_embd=64", "--n_head=4",
-            "--n_kv_head=4")
+        run(
+            "--max_iters=6",
+            f"--out_dir={tmp_path / 'split'}",
+            "--init_from=resume",
+            "--n_embd=64",
+            "--n_head=4",
+            "--n_kv_head=4",
+        )
 
 
 def test_plot_writes_the_figure_and_the_curves(tmp_path):
     pytest.importorskip("matplotlib")
     from s5_retrieval import plot
-    fake = lambda acc: {"params": 1_000_000, "per_n": {str(n): {"seq_acc": acc / n, "token_acc": acc} for n in range(1, 5)},
-                        "curve": [{"step": 10, "loss": 2.0, "token_acc@2": 0.1, "token_acc@4": 0.05},
-                                  {"step": 20, "loss": 1.0, "token_acc@2": acc, "token_acc@4": acc / 2}],
-                        "model_config": {"n_layer": 2}, "s5_config": {"train_max_n": 2}}
+    fake = lambda acc: {
+        "params": 1_000_000,
+        "per_n": {str(n): {"seq_acc": acc / n, "token_acc": acc} for n in range(1, 5)},
+        "curve": [
+            {"step": 10, "loss": 2.0, "token_acc@2": 0.1, "token_acc@4": 0.05},
+            {"step": 20, "loss": 1.0, "token_acc@2": acc, "token_acc@4": acc / 2},
+        ],
+        "model_config": {"n_layer": 2},
+        "s5_config": {"train_max_n": 2},
+    }
     plot({"T²MLR": fake(0.9), "LSTM": fake(0.3)}, str(tmp_path / "s5.png"))
     for name in ("s5.png", "s5_curves.png"):
         assert (tmp_path / name).stat().st_size > 10_000
@@ -281,21 +339,34 @@ def test_plot_writes_the_figure_and_the_curves(tmp_path):
     (["--vocab_size=100"], r"vocab_size = 100 is smaller than the S5 vocabulary, 188"),
 ])
 def test_bad_input_is_one_error_line(tmp_path, args, message):
-    result = subprocess.run([sys.executable, "s5_retrieval.py", "config/s5_tiny_t2mlr.py", f"--out_dir={tmp_path}/run", *args],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "s5_retrieval.py", "config/s5_tiny_t2mlr.py", f"--out_dir={tmp_path}/run", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert re.search(message, lines[0]), lines[0]
     assert not (tmp_path / "run").exists()                          # nothing written
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], r"give a config file \(e\.g\. config/s5_tiny_t2mlr\.py\), --quick or --compare"),
-    (["--compare", "config/s5_tiny_lstm.py"], r"--compare takes --key=value overrides only, not a config file"),
-    (["--quick", "config/s5_tiny_lstm.py"], r"--quick takes --key=value overrides only"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], r"give a config file \(e\.g\. config/s5_tiny_t2mlr\.py\), --quick or --compare"),
+        (
+            ["--compare", "config/s5_tiny_lstm.py"],
+            r"--compare takes --key=value overrides only, not a config file",
+        ),
+        (["--quick", "config/s5_tiny_lstm.py"], r"--quick takes --key=value overrides only"),
+    ],
+)
 def test_modes_refuse_what_they_would_silently_ignore(args, message):
-    result = subprocess.run([sys.executable, "s5_retrieval.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "s5_retrieval.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1 and re.search(message, lines[0]), result.stderr
 
@@ -305,4 +376,6 @@ def test_sample_and_resume_refuse_an_s5_checkpoint_in_one_line(tmp_path):
     for cmd in (["sample.py", f"--out_dir={tmp_path / 's5'}"],):
         result = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=60)
         lines = result.stderr.strip().splitlines()
-        assert result.returncode == 1 and lines[-1].endswith("names no tokenizer: it is not a checkpoint of train.py"), result.stderr
+        assert result.returncode == 1 and lines[-1].endswith(
+            "names no tokenizer: it is not a checkpoint of train.py"
+        ), result.stderr

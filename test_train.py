@@ -54,7 +54,9 @@ def write_dataset(folder, train_tokens=6000, val_tokens=800, seed=0):
 
 
 def run(script, *args, cwd, torchrun=False):
-    cmd = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] if torchrun else [])
+    cmd = [sys.executable] + (
+        ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] if torchrun else []
+    )
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     return subprocess.run(cmd + [os.path.join(ROOT, script), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
@@ -80,11 +82,17 @@ def test_config_file_then_command_line(tmp_path):
     assert model_cfg.layout == "2+2R2+2" and model_cfg.n_embd == 64
     assert model_cfg.mlp_hidden == 256                # 4 * the NEW n_embd: defaults re-resolved, not copied
     assert given == {"batch_size", "n_embd", "n_head", "learning_rate", "layout", "out_dir", "dataset"}
-    assert given_values(given, cfg) == {"out_dir": "a=b", "dataset": "123", "batch_size": 8, "learning_rate": 1.0}
+    assert given_values(given, cfg) == {
+        "out_dir": "a=b",
+        "dataset": "123",
+        "batch_size": 8,
+        "learning_rate": 1.0,
+    }
 
 
 def test_given_records_keys_whose_value_equals_the_default(tmp_path):
-    """A key set to its default value was still given: load_config records it, never infers it from the value."""
+    """A key set to its default value was still given: load_config records it, never infers it from the
+    value."""
     path = tmp_path / "cfg.py"
     path.write_text("n_layer = 12\nwarmup_iters = 200\n")          # both equal the defaults
     model_cfg, cfg, given = load(str(path), "--learning_rate=6e-4", "--max_iters=5000")
@@ -108,9 +116,13 @@ def test_bool_and_none_parsing():
 def test_unknown_keys_and_wrong_types(tmp_path):
     path = tmp_path / "typo.py"
     path.write_text("batch_sise = 4\n")
-    with pytest.raises(ConfigError, match=f"unknown config key 'batch_sise' in {path} .*did you mean 'batch_size'"):
+    with pytest.raises(
+        ConfigError, match=f"unknown config key 'batch_sise' in {path} .*did you mean 'batch_size'"
+    ):
         load(str(path))
-    with pytest.raises(ConfigError, match=r"unknown config key 'n_emb' in command line \(did you mean 'n_embd'\?\)"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'n_emb' in command line \(did you mean 'n_embd'\?\)"
+    ):
         load("--n_emb=64")
     with pytest.raises(ConfigError, match=r"batch_size=4.5 \(command line\): expected int"):
         load("--batch_size=4.5")
@@ -119,7 +131,8 @@ def test_unknown_keys_and_wrong_types(tmp_path):
         load(str(path))
     with pytest.raises(ConfigError, match="--key=value"):
         load("--batch_size")
-    with pytest.raises(ConfigError, match="n_head"):  # GPTConfig.__post_init__'s ValueError, reported the same way
+    # GPTConfig.__post_init__'s ValueError, reported the same way
+    with pytest.raises(ConfigError, match="n_head"):
         load("--n_head=5")
     with pytest.raises(ConfigError, match="val_mode 'fast'"):
         load("--val_mode=fast")
@@ -152,7 +165,9 @@ def test_lr_warmup_then_cosine_to_min_lr():
 
 
 def test_lr_decay_iters_lets_a_run_stop_early_on_the_long_schedule():
-    long, short = TrainConfig(max_iters=100, warmup_iters=10), TrainConfig(max_iters=40, warmup_iters=10, lr_decay_iters=100)
+    long, short = TrainConfig(max_iters=100, warmup_iters=10), TrainConfig(
+        max_iters=40, warmup_iters=10, lr_decay_iters=100
+    )
     assert [get_lr(s, short) for s in range(40)] == [get_lr(s, long) for s in range(40)]
     assert get_lr(39, short) > 2 * short.min_lr      # not decayed to the floor at its own last step
     with pytest.raises(ValueError, match="lr_decay_iters = 0 must be >= 1"):
@@ -207,7 +222,10 @@ def test_step_batch_does_not_depend_on_world_size():
         shares = [draw(world_size, r, 4 // world_size) for r in range(world_size)]
         assert [shares[g % world_size][g // world_size] for g in range(4)] == single
     gen = torch.Generator().manual_seed(7)             # the next step draws new windows
-    assert step_starts(10_000, 32, 3, 4, 1, 0, gen) == single and step_starts(10_000, 32, 3, 4, 1, 0, gen) != single
+    assert (
+        step_starts(10_000, 32, 3, 4, 1, 0, gen) == single
+        and step_starts(10_000, 32, 3, 4, 1, 0, gen) != single
+    )
 
 
 def test_split_of_block_size_plus_one_works_and_block_size_errors(tmp_path):
@@ -225,8 +243,11 @@ def test_data_errors_name_the_fix(tmp_path):
     write_dataset(tmp_path / "data" / "mine")
     with open(tmp_path / "data" / "mine" / "val.bin", "r+b") as f:
         f.truncate(100)
-    with pytest.raises(RunError, match="val.bin has 100 bytes but meta.json says 800 tokens x 2 bytes: the data is "
-                                       "incomplete, re-run `python prepare_data.py --input <your files> --name mine"):
+    with pytest.raises(
+        RunError,
+        match="val.bin has 100 bytes but meta.json says 800 tokens x 2 bytes: the data is "
+        "incomplete, re-run `python prepare_data.py --input <your files> --name mine",
+    ):
         load_meta(str(tmp_path / "data" / "mine"), 32)
     meta = json.loads((tmp_path / "data" / "mine" / "meta.json").read_text())
     (tmp_path / "data" / "mine" / "meta.json").write_text(json.dumps(meta | {"vocab_size": 65537}))
@@ -267,7 +288,8 @@ def test_checkpoint_round_trip_with_weights_only(tmp_path):
                            "rng": [states], "model_config": {"n_layer": 1}})
     expected = (torch.rand(3), np.random.rand(), torch.randint(100, (3,), generator=gen))
     assert os.listdir(tmp_path) == ["ckpt.pt"]        # the temporary file was renamed away
-    ckpt = torch.load(path, weights_only=True)        # what load_checkpoint does; must not need pickled classes
+    # what load_checkpoint does; must not need pickled classes
+    ckpt = torch.load(path, weights_only=True)
     assert ckpt["step"] == 7 and not gen_draw.equal(expected[2])
     for k, v in model.state_dict().items():
         assert torch.equal(ckpt["model"][k], v)
@@ -293,35 +315,55 @@ def test_resume_rejects_a_different_architecture():
     with pytest.raises(RunError, match=r"differs from the checkpoint's in n_head \(given 2, checkpoint 4\); "
                                        r"the tensor shapes agree$"):
         resumed("--n_embd=64", "--n_head=2", "--layout=1+2R2+1", "--vocab_size=128", "--block_size=16")
-    with pytest.raises(RunError, match=r"in layout \(given '1\+1R2\+1', checkpoint '1\+2R2\+1'\); tensor shapes "
-                                       r"\(checkpoint vs given\): layers\.3\.ln1\.weight is not in this model, .* more$"):
+    with pytest.raises(
+        RunError,
+        match=r"in layout \(given '1\+1R2\+1', checkpoint '1\+2R2\+1'\); tensor shapes "
+        r"\(checkpoint vs given\): layers\.3\.ln1\.weight is not in this model, .* more$",
+    ):
         resumed("--n_embd=64", "--n_head=4", "--layout=1+1R2+1", "--vocab_size=128", "--block_size=16")
 
 
 def test_resume_compares_exactly_the_model_keys_given():
     """A model key given on resume is compared with the checkpoint even when it equals GPTConfig's default;
     a key not given is never compared, even when this launch's config derives another value for it."""
-    cfg = GPTConfig(n_embd=64, n_head=4, n_layer=2, mlp_hidden=100, vocab_size=128, block_size=16, norm_eps=1e-6)
+    cfg = GPTConfig(
+        n_embd=64, n_head=4, n_layer=2, mlp_hidden=100, vocab_size=128, block_size=16, norm_eps=1e-6
+    )
     stored = {"model_config": dataclasses.asdict(cfg), "model": GPT(cfg).state_dict()}
 
     def resumed(*argv):
         model_cfg, _, given = load("--init_from=resume", *argv)
         return model_config_from_checkpoint(stored, model_cfg, given)
 
-    with pytest.raises(RunError, match=r"differs from the checkpoint's in vocab_size \(given 50304, checkpoint 128\), "
-                                       r"n_layer \(given 12, checkpoint 2\); tensor shapes"):
+    with pytest.raises(
+        RunError,
+        match=r"differs from the checkpoint's in vocab_size \(given 50304, checkpoint 128\), "
+        r"n_layer \(given 12, checkpoint 2\); tensor shapes",
+    ):
         resumed("--n_layer=12", "--vocab_size=50304", "--n_embd=64", "--n_head=4")   # 12, 50304: the defaults
-    with pytest.raises(RunError, match=r"in norm_eps \(given 1e-05, checkpoint 1e-06\); the tensor shapes agree$"):
+    with pytest.raises(
+        RunError, match=r"in norm_eps \(given 1e-05, checkpoint 1e-06\); the tensor shapes agree$"
+    ):
         resumed("--norm_eps=1e-5")
     # given n_embd=64 derives mlp_hidden = 256 here; mlp_hidden was not given, so the checkpoint's 100 stands
-    assert (resumed("--n_embd=64", "--n_head=4", "--n_layer=2").mlp_hidden, resumed().mlp_hidden) == (100, 100)
+    assert (resumed("--n_embd=64", "--n_head=4", "--n_layer=2").mlp_hidden, resumed().mlp_hidden) == (
+        100,
+        100,
+    )
 
 
 def test_resume_without_the_config_file_continues_the_same_run():
     """`--init_from=resume` alone takes data, batch and schedule from the checkpoint (not the defaults);
     keys given again win; this launch's system settings (device, out_dir, ...) always apply."""
-    run_cfg = TrainConfig(dataset="fineweb_edu", total_batch_size=4096, batch_size=2, learning_rate=3e-4, max_iters=900,
-                          device="cpu", out_dir="old")
+    run_cfg = TrainConfig(
+        dataset="fineweb_edu",
+        total_batch_size=4096,
+        batch_size=2,
+        learning_rate=3e-4,
+        max_iters=900,
+        device="cpu",
+        out_dir="old",
+    )
     ckpt = {"train_config": dataclasses.asdict(run_cfg)}
     _, cfg, given = load("--init_from=resume", "--out_dir=new")
     cfg = train_config_from_checkpoint(ckpt, cfg, given)
@@ -338,13 +380,20 @@ def test_resume_keys_given_again_win_even_at_their_default_values():
     run_cfg = TrainConfig(learning_rate=2e-3, min_lr=2e-4, warmup_iters=30, max_iters=4, weight_decay=0.01,
                           batch_size=4, total_batch_size=4096)
     ckpt = {"train_config": dataclasses.asdict(run_cfg)}
-    _, cfg, given = load("--init_from=resume", "--learning_rate=6e-4", "--warmup_iters=200", "--max_iters=5000",
-                         "--weight_decay=0.1", "--batch_size=16")
+    _, cfg, given = load(
+        "--init_from=resume",
+        "--learning_rate=6e-4",
+        "--warmup_iters=200",
+        "--max_iters=5000",
+        "--weight_decay=0.1",
+        "--batch_size=16",
+    )
     cfg = train_config_from_checkpoint(ckpt, cfg, given)
     assert (cfg.learning_rate, cfg.warmup_iters, cfg.max_iters, cfg.weight_decay, cfg.batch_size) == \
         (6e-4, 200, 5000, 0.1, 16)
     assert (cfg.min_lr, cfg.total_batch_size) == (2e-4, 4096)           # not given: the checkpoint's
-    assert get_lr(2, cfg) == pytest.approx(6e-4 * 3 / 201)              # 8.955e-6 (the checkpoint's schedule: 1.94e-4)
+    # 8.955e-6 (the checkpoint's schedule: 1.94e-4)
+    assert get_lr(2, cfg) == pytest.approx(6e-4 * 3 / 201)
     _, cfg, given = load("--init_from=resume", "--learning_rate=1e-4")
     with pytest.raises(ConfigError, match=r"^min_lr = 0\.0002 must be <= learning_rate = 0\.0001 \(with the "
                                           r"checkpoint's other settings\)$"):
@@ -365,23 +414,34 @@ def test_resumed_run_uses_the_given_default_valued_lr_and_warmup(tmp_path):
            "'learning_rate': 0.0006, 'warmup_iters': 200}" in resumed.stdout
     rows = read_log(tmp_path / "out")
     header = [r for r in rows if "train_config" in r][-1]["train_config"]
-    assert (header["learning_rate"], header["warmup_iters"], header["max_iters"], header["min_lr"]) == (6e-4, 200, 4, 2e-4)
+    assert (header["learning_rate"], header["warmup_iters"], header["max_iters"], header["min_lr"]) == (
+        6e-4,
+        200,
+        4,
+        2e-4,
+    )
     lrs = {r["step"]: r["lr"] for r in rows if "loss" in r}
-    assert lrs[1] == pytest.approx(2e-3 * 2 / 31)                       # before the resume: the first run's schedule
+    # before the resume: the first run's schedule
+    assert lrs[1] == pytest.approx(2e-3 * 2 / 31)
     assert (lrs[2], lrs[3]) == (pytest.approx(8.955223880597015e-06), pytest.approx(6e-4 * 4 / 201))
 
 
 def test_resume_refuses_data_of_another_tokenizer(tmp_path):
     write_dataset(tmp_path / "data" / "fox")
     out = tmp_path / "out"
-    assert run("train.py", *TINY, "--dataset=fox", "--max_iters=2", f"--out_dir={out}", cwd=tmp_path).returncode == 0
+    assert (
+        run("train.py", *TINY, "--dataset=fox", "--max_iters=2", f"--out_dir={out}", cwd=tmp_path).returncode
+        == 0
+    )
     meta_path = tmp_path / "data" / "fox" / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta_path.write_text(json.dumps({**meta, "tokenizer": "gpt2"}))
     result = run("train.py", "--init_from=resume", f"--out_dir={out}", "--max_iters=4", cwd=tmp_path)
     assert result.returncode != 0
-    assert result.stderr.strip() == ("error: data/fox holds gpt2 tokens but the checkpoint was trained on byte tokens; "
-                                     "resume with the run's dataset")
+    assert result.stderr.strip() == (
+        "error: data/fox holds gpt2 tokens but the checkpoint was trained on byte tokens; "
+        "resume with the run's dataset"
+    )
 
 
 # -----------------------------------------------------------------------------
@@ -390,8 +450,15 @@ def test_resume_refuses_data_of_another_tokenizer(tmp_path):
 def test_train_then_sample(tmp_path):
     write_dataset(tmp_path / "data" / "fox")
     out = tmp_path / "out"
-    result = run("train.py", *TINY, "--dataset=fox", "--max_iters=12", "--eval_interval=6", f"--out_dir={out}",
-                 cwd=tmp_path)
+    result = run(
+        "train.py",
+        *TINY,
+        "--dataset=fox",
+        "--max_iters=12",
+        "--eval_interval=6",
+        f"--out_dir={out}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     rows = read_log(out)
     assert rows[0]["init_from"] == "scratch" and rows[0]["model_config"]["n_layer"] == 2
@@ -405,14 +472,31 @@ def test_train_then_sample(tmp_path):
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
     assert "4 seqs x 32 tokens x 1 ranks x 2 accumulation steps" in result.stdout
 
-    result = run("sample.py", f"--out_dir={out}", "--start=The quick", "--num_samples=2", "--max_new_tokens=20",
-                 "--top_k=100000", cwd=tmp_path)
+    result = run(
+        "sample.py",
+        f"--out_dir={out}",
+        "--start=The quick",
+        "--num_samples=2",
+        "--max_new_tokens=20",
+        "--top_k=100000",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     samples = result.stdout.split("-" * 80 + "\n")
     assert len(samples) == 3 and samples[-1] == ""
     assert all(s.startswith("The quick") for s in samples[:2])
-    greedy = [run("sample.py", f"--out_dir={out}", "--temperature=0", "--num_samples=1", "--max_new_tokens=10",
-                  f"--start={'x' * 40}", cwd=tmp_path) for _ in range(2)]
+    greedy = [
+        run(
+            "sample.py",
+            f"--out_dir={out}",
+            "--temperature=0",
+            "--num_samples=1",
+            "--max_new_tokens=10",
+            f"--start={'x' * 40}",
+            cwd=tmp_path,
+        )
+        for _ in range(2)
+    ]
     assert greedy[0].stdout == greedy[1].stdout       # greedy is deterministic
     assert "keeping its last block_size = 32" in greedy[0].stderr   # a 40-token prompt was cropped
     assert greedy[0].stdout.startswith("x" * 32)
@@ -423,14 +507,16 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path):
     result = run("train.py", *TINY, "--dataset=fox", "--learning_rate=1e30", "--min_lr=1e30", "--grad_clip=0",
                  "--max_iters=10", "--eval_interval=5", "--out_dir=out", cwd=tmp_path)
     assert result.returncode == 1 and result.stderr.strip() == (
-        "error: non-finite train loss nan at step 1; stopped before the update, out/ckpt.pt holds the last good state")
+        "error: non-finite train loss nan at step 1; stopped before the update, out/ckpt.pt holds the last "
+        "good state"
+    )
     assert load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))["step"] == 0
 
 
 def test_t2mlr_val_mode_reaches_the_model(tmp_path):
     write_dataset(tmp_path / "data" / "fox")
-    args = [*TINY, "--dataset=fox", "--t2mlr=True", "--l_start=0", "--l_end=0", "--jacobi_iters=2",
-            "--jacobi_grad_iters=1", "--max_iters=2", "--eval_interval=1"]
+    args = [*TINY, "--dataset=fox", "--t2mlr=True", "--l_start=0", "--l_end=0", "--jacobi_sweeps=2",
+            "--jacobi_grad_sweeps=1", "--max_iters=2", "--eval_interval=1"]
     runs = {mode: run("train.py", *args, f"--val_mode={mode}", f"--out_dir={mode}", cwd=tmp_path)
             for mode in ("exact", "jacobi")}
     for mode, result in runs.items():

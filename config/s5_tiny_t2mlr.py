@@ -18,8 +18,9 @@ rope_pct = 0.0                 # NoPE, as the paper's S5 models
 t2mlr = True
 l_start = 1
 l_end = 2
-jacobi_iters = 16              # D, as the paper
-jacobi_grad_iters = 4          # b, as the paper
+# D: Jacobi sweeps per training step, the final one included (positions < D exact)
+jacobi_sweeps = 16
+jacobi_grad_sweeps = 4         # b: sweeps before the final one that keep gradient (b + 1 with autograd)
 state_residual = True
 state_detach = True
 gate_bias_prob = 0.5

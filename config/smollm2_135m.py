@@ -3,7 +3,8 @@
 # Run: python train.py config/smollm2_135m.py
 
 # model (SmolLM2-135M's config, from scratch, as the reference's FineWeb run)
-flavour = "llama"               # RMSNorm, sequential residual, SwiGLU, rotary on all dims, GQA, no biases, tied
+# RMSNorm, sequential residual, SwiGLU, rotary on all dims, GQA, no biases, tied
+flavour = "llama"
 vocab_size = 50304              # GPT-2 BPE padded (the reference used SmolLM2's own 49,152-token vocabulary)
 n_layer = 30
 n_embd = 576

@@ -3,7 +3,8 @@
 # Run: python prepare_data.py --source pydoc --tokenizer byte && python train.py config/tiny_llama.py
 
 # model
-flavour = "llama"              # the T²MLR paper's block: RMSNorm, sequential residual, SwiGLU, full rotary, tied
+# the T²MLR paper's block: RMSNorm, sequential residual, SwiGLU, full rotary, tied
+flavour = "llama"
 vocab_size = 320               # byte tokenizer: 256 bytes + EOT = 257, padded up to a multiple of 64
 block_size = 256               # context length
 n_layer = 8
