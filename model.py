@@ -4,7 +4,7 @@ One file, every variant: a vanilla GPT, recursive transformers with MeSH, and T�
 Notation (one meaning each; the README's glossary maps them to the papers): B batch, T sequence length,
 C = n_embd (the papers' d), V vocabulary; K loops of the core, n_slots MeSH slots (the MeSH paper's B);
 D Jacobi sweeps per training step (the final one included), b sweeps before the final one that keep
-gradient; R_t the T²MLR recurrent state, R^(d) the states of all positions after d sweeps.
+gradient; R_t the T²MLR recurrent state, R^(j) the states of all positions after j sweeps.
 
 MeSH (Yu et al., "MeSH: Memory-as-State-Highways for Recursive Transformers", arXiv 2510.07739).
     A recursive transformer runs a prelude, then ONE weight-shared core (a stack of layers) K times (the
@@ -24,16 +24,19 @@ How to read it: GPT.forward embeds idx and picks one branch per variant; read th
 this order (each is short and narrated step by step):
     vanilla      forward -> run_layers -> Layer (Attention, MLP)
     recursive    forward -> recursive_forward (a branch per state mode, MeSH's too) -> MeshMemory.write_read
-    T²MLR train  forward -> jacobi_forward -> jacobi_state -> jacobi_sweep -> TemporalGate, update_state
-    T²MLR exact  forward -> exact_forward -> TemporalGate, update_state
+    T²MLR train  forward -> jacobi_forward -> jacobi_state -> jacobi_sweep -> TemporalGate, update_state,
+                 shift_right
+    T²MLR exact  forward -> exact_forward -> TemporalGate, update_state (LayerCache for the middle layers)
     generation   generate -> forward (exact mode with an InferenceCache) -> exact_forward; sample_next
+Every branch applies layers with run_layers; the layer groups (prelude/core/coda, lower/middle/upper) are
+lists made once in GPT.__init__.
 test_equivalence.py holds the executable definitions these are checked against (a naive token loop for
 T²MLR, one-hot MeSH routing that reproduces base and residual, the one-loop layout that is vanilla).
 
 Section, equation, table and figure numbers refer to the two papers ("MeSH paper §3.2, Eq. 3").
 "The reference" is the public T²MLR code (github.com/princeton-pli/T2MLR), whose details the T²MLR
 parts follow; "our reading" marks a choice the papers leave open; "speed-up" marks an optimisation
-shown after the plain form it computes.
+shown after the direct form it computes.
 """
 
 import glob
@@ -75,7 +78,7 @@ def apply_rotary(x, cos, sin):
     """Rotate the first rot_dim = cos.shape[-1] dims of x (B, T, heads, hs) by position, in NeoX and
     LLaMA's "rotate half" form: pair dim i with i + rot_dim/2 and rotate each pair by its angle,
 
-        x1, x2 = x.chunk(2, dim=-1);  x -> cat([x1 cos - x2 sin, x2 cos + x1 sin])      (the plain form)
+        x1, x2 = x.chunk(2, dim=-1);  x -> cat([x1 cos - x2 sin, x2 cos + x1 sin])      (the direct form)
 
     Other dims pass through. cos, sin: (T, 1, rot_dim) from rotary_tables.
     Speed-up (same values, one expression and no chunk): roll() swaps the halves, [x2, x1], and the sin
@@ -95,7 +98,7 @@ class LayerCache:
     """Keys and values of one layer application, holding at most `max_len` positions.
 
     `update(k, v)` appends (B, n_kv_head, T, hs) keys/values and returns all cached ones so far, (B,
-    n_kv_head, length, hs). The plain form concatenates the new ones to the cached ones (used with
+    n_kv_head, length, hs). The direct form concatenates the new ones to the cached ones (used with
     autograd, e.g. training through the exact T²MLR recurrence, where in-place writes would overwrite
     tensors saved for the backward pass). Speed-up without autograd (generation, evaluation): they are
     written in place into a buffer preallocated to max_len, one copy of the new positions per call
@@ -109,7 +112,7 @@ class LayerCache:
         T = k.shape[2]
         if self.length + T > self.max_len:
             raise RuntimeError(f"KV cache full: {self.length} + {T} > {self.max_len} positions")
-        if torch.is_grad_enabled():                                   # the plain form: concatenate
+        if torch.is_grad_enabled():                                   # the direct form: concatenate
             self.k = k if self.k is None else torch.cat([self.k[:, :, :self.length], k], dim=2)
             self.v = v if self.v is None else torch.cat([self.v[:, :, :self.length], v], dim=2)
         else:                                                         # speed-up: write in place
@@ -265,7 +268,7 @@ class MeshMemory(nn.Module):
 
 class TemporalGate(nn.Module):
     """Gated fusion of the recurrent state r = R_{t-1} into the input x of layer l_start (the T²MLR paper;
-    the reference's "gated" mixer, the one all its released scripts use). The plain form:
+    the reference's "gated" mixer, the one all its released scripts use). The direct form:
 
         r~ = W_p r;  g = [x ; r~]
         a_r = σ(A_r g + b_r),  a_x = σ(A_x g + b_x)               per-dimension local gates
@@ -441,7 +444,7 @@ class GPTConfig:
     embed_scale: bool = True         # embeddings times sqrt(C) (MeSH §4.1); False for Pythia/SmolLM2 weights
     # MeSH and the heuristic state passings (MeSH paper §3.1-3.2)
     state_mode: str = "base"         # h_sup: base 0 | residual h(t) | anchor h(0) | anchor_star h_emb | mesh
-    mesh_slots: Optional[int] = None  # B_slots; None = K + 3 (MeSH paper §4.4, Table 3)
+    mesh_slots: Optional[int] = None  # n_slots (the paper's B); None = K + 3 (MeSH paper §4.4, Table 3)
     mesh_trans_router_in: str = "pre"  # input of the transitional routers: "pre" (h_pre) or "emb" (h_emb);
                                        # the MeSH paper does not say which: "pre" is our reading
     # T²MLR (gate, state update and Jacobi training as the reference has them)
@@ -500,7 +503,7 @@ class GPTConfig:
             raise ValueError(
                 f"jacobi_grad_sweeps = {self.jacobi_grad_sweeps} must be <= jacobi_sweeps = "
                 f"{self.jacobi_sweeps}"
-                f" (b sweeps before the final one keep gradient)"
+                f" (b sweeps before the final one keep gradient; b = D keeps the plain start's too)"
             )
 
     @property
@@ -580,7 +583,7 @@ class GPT(nn.Module):
         * attention-out and MLP-down projections: std / sqrt(2 · unrolled depth) (depth-aware, MeSH §4.1);
         * the embeddings are multiplied by sqrt(C) in the forward pass, not here;
         * MeSH routers: the same small normal and zero bias, NEVER zero weights (zero weights would keep
-          the empty slots 1..B-1 identical forever; the MeSH paper states no router init: our choice);
+          the empty slots 1..n_slots-1 identical forever; the MeSH paper states no router init: our choice);
         * the T²MLR gate keeps the reference's initialisation: W_p the PyTorch Linear default;
           A_r, A_x (C x 2C each) xavier-normal with gain g = gate_weight_gain, i.e. std g·sqrt(2/(3C));
           biases b_r, b_x = logit(gate_bias_prob) (p clamped to [1e-4, 1 - 1e-4], as the reference does)
@@ -719,14 +722,15 @@ class GPT(nn.Module):
         (+anchor*). MeSH (§3.2, Eq. 3) instead writes into and reads from the slot buffer: a transitional
         write-read step forms h(0) from the prelude output h_pre, and each loop's write-read forms h(t+1).
 
-            slot   step 0 (transitional)      step 1 (loop 1)           step 2 (loop 2)   ...
+            slot   step 0 (transitional)      step 1 (loop 0)           step 2 (loop 1)   ...
             m_0    h_emb + w0_0·h_pre         + w1_0·f_core(h(0))       + w2_0·f_core(h(1))
             m_1    0     + w0_1·h_pre         + w1_1·f_core(h(0))       + w2_1·f_core(h(1))
             ...
-                   h(0) = Σ_b r0_b m_b        h(1) = Σ_b r1_b m_b        h(2) = Σ_b r2_b m_b
-            (w_s = softmax of write_routers[s], r_s = softmax of read_routers[s], both per token)
+                   h(0) = Σ_i r0_i m_i        h(1) = Σ_i r1_i m_i        h(2) = Σ_i r2_i m_i
+            (wk = softmax of write_routers[k], rk = softmax of read_routers[k] at step k, per token)
         """
         cfg = self.cfg
+        # self.prelude, self.core, self.coda: the layout's layer groups, lists of Layer (made in __init__)
         # forward the prelude once
         h = self.run_layers(h_emb, self.prelude, pos, caches, rec, "prelude")
         if cfg.state_mode == "mesh":    # the transitional step: write h_pre into the slots, read h(0)
@@ -763,10 +767,10 @@ class GPT(nn.Module):
         state that the previous sweep wrote for the position before it. The start R^(0) = 0 is exact at
         position 0, and every sweep makes one more position exact (the exactness front):
 
-            position:    0  1  2  3            R^(d)[t] = the state fed to token t after d sweeps
+            position:    0  1  2  3            R^(j)[t] = the state fed to token t after j sweeps
             R^(0)        ✓  ·  ·  ·            ✓ = equal to the exact recurrence's R_{t-1}
-            R^(1)        ✓  ✓  ·  ·            sweep d: h = middle(gate(x, R^(d-1))) for all t,
-            R^(2)        ✓  ✓  ✓  ·                     R^(d) = shift_right(update_state(h, R^(d-1)))
+            R^(1)        ✓  ✓  ·  ·            sweep j: h = middle(gate(x, R^(j-1))) for all t,
+            R^(2)        ✓  ✓  ✓  ·                     R^(j) = shift_right(update_state(h, R^(j-1)))
             R^(3)        ✓  ✓  ✓  ✓
 
         Sweeps 1..D-1 only refine the state; sweep D is the final one, whose middle output goes on to the
@@ -779,6 +783,7 @@ class GPT(nn.Module):
         control (B, T) or None: only tokens with c > 1 are mixed and merged (control flow, above).
         """
         cfg = self.cfg
+        # self.lower, self.middle, self.upper: the layers below l_start, l_start..l_end, above l_end
         # forward the lower layers once: their output x is the same in every sweep
         x = self.run_layers(h_emb, self.lower, 0, recorder=rec, name="lower")
         pre = self.gate.precompute(x)                                   # speed-up: the gate's x half, once
@@ -795,9 +800,9 @@ class GPT(nn.Module):
 
     def jacobi_state(self, x, pre, recurrent, sweeps: int, grad_sweeps: int, tol: float = 0.0):
         """The state R^(sweeps) after `sweeps` Jacobi sweeps from the start R^(0); the last `grad_sweeps` of
-        them with gradient (if grad is enabled; the others, and the start unless every sweep has gradient,
-        without). x (B, T, C) -> R (B, T, C); R[:, t] is the state R_{t-1} fed to token t, exact for t <=
-        sweeps.
+        them with gradient (if grad is enabled), the others without; the start keeps its gradient only when
+        grad_sweeps > sweeps (b = D: the reference keeps its plain pass attached when b >= D).
+        x (B, T, C) -> R (B, T, C); R[:, t] is the state R_{t-1} fed to token t, exact for t <= sweeps.
 
         tol > 0 (jacobi_tol) stops the sweeps without gradient early, once a sweep changed the state by at
         most tol relative to its RMS: max|R_new - R_old| <= tol · RMS(R_new); the gradient sweeps always
@@ -836,50 +841,55 @@ class GPT(nn.Module):
         return state
 
     def jacobi_sweep(self, x, state, pre, recurrent):
-        """One Jacobi sweep (a "partial iteration" in the reference): R -> shift(update_state(middle(gate(x,
-        R)), R)), all positions in parallel. x, state: (B, T, C); pre = gate.precompute(x); recurrent: (B, T,
-        1) or None."""
+        """One Jacobi sweep (a "partial iteration" in the reference), all positions in parallel:
+
+            R -> shift_right(update_state(middle(gate(x, R)), R))
+
+        x, state: (B, T, C); pre = gate.precompute(x); recurrent: (B, T, 1) or None."""
         cfg = self.cfg
         h = self.run_layers(self.gate(x, state, pre, recurrent), self.middle, 0)         # the middle layers
         return shift_right(update_state(h, state, cfg.state_residual, cfg.state_detach, recurrent))
 
     def exact_forward(self, h_emb, control=None, cache=None, rec=NO_RECORDER):
-        """The exact T²MLR recurrence (as the paper defines it and the reference evaluates). h_emb (B, T, C)
-        -> top output (B, T, C).
+        """The exact T²MLR recurrence (as the paper defines it and the reference evaluates).
+        h_emb (B, T, C) -> top output (B, T, C).
 
         The lower layers run in parallel over all T positions, the middle layers token by token, each
         token reading the state R_{t-1} written by the token before it (R_{-1} = 0), and the upper layers
-        in parallel again. With `cache` (generation), every layer application uses its own KV cache and
-        the state continues from cache.state; without, a cache for this call is made here.
+        in parallel again. The middle layers need KV caches (a token attends to the keys of the tokens
+        before it); with `cache` (generation) every layer uses its own and the state continues from
+        cache.state, without one the middle layers get caches for this call only.
         control (B, T) or None: tokens with c > 1 are mixed and merged, the others pass through and write
         their raw h. A span where no row is recurrent needs no state, so it goes through the middle layers
         in one parallel chunk (a prompt); recurrent tokens go one at a time.
         """
         cfg = self.cfg
         B, T, C = h_emb.shape
-        if cache is None:
-            cache = InferenceCache(len(self.layers), T)
-        pos = cache.length
-        caches = iter(cache.layers)                               # one per layer, in order
+        pos = cache.length if cache is not None else 0
+        # self.lower, self.middle, self.upper: the layers below l_start, l_start..l_end, above l_end
+        caches = iter(cache.layers if cache is not None else [None] * len(self.layers))   # in order
         # forward the lower layers over all positions at once
         x = self.run_layers(h_emb, self.lower, pos, caches, rec, "lower")
-        # the middle layers' caches, grown token by token
-        middle_caches = [next(caches) for _ in self.middle]
-        # speed-up: the gate's x half for all positions
-        gates_x, gamma_r, gamma_x = self.gate.precompute(x)
+        # the middle layers' KV caches, grown token by token
+        middle_caches = [next(caches) if cache is not None else LayerCache(T) for _ in self.middle]
+        gates_x, gamma_r, gamma_x = self.gate.precompute(x)       # speed-up: the gate's x half, all positions
         recurrent = None if control is None else (control > 1).unsqueeze(-1)   # (B, T, 1) or None
-        state = cache.state if cache.state is not None else x.new_zeros(B, 1, C)    # R_{t-1}, (B, 1, C)
+        state = cache.state if cache is not None and cache.state is not None else x.new_zeros(B, 1, C)
+        # the recurrence: one token at a time (a span that no row runs recurrently: one chunk)
+        chunks = [(t, t + 1) for t in range(T)] if recurrent is None else self.recurrence_chunks(recurrent, T)
         outputs = []
-        # the recurrence: one token (or one non-recurrent span) at a time
-        for t, end in self.recurrence_chunks(recurrent, T):
+        for t, end in chunks:
             chunk = recurrent[:, t:end] if recurrent is not None else None
-            # mix R_{t-1} in
-            x_t = self.gate(x[:, t:end], state, (gates_x[:, t:end], gamma_r, gamma_x), chunk)
-            h_t = self.run_layers(x_t, self.middle, pos + t, middle_caches)      # the middle layers
+            # mix the state R_{t-1} into the input of layer l_start
+            x_mixed = self.gate(x[:, t:end], state, (gates_x[:, t:end], gamma_r, gamma_x), chunk)
+            # forward the middle layers on this token, attending to the cached keys of the tokens before
+            h_t = self.run_layers(x_mixed, self.middle, pos + t, middle_caches)
+            # write the state R_t from the output of layer l_end
             last = None if chunk is None else chunk[:, -1:]
-            state = update_state(h_t[:, -1:], state, cfg.state_residual, cfg.state_detach, last)   # R_t
+            state = update_state(h_t[:, -1:], state, cfg.state_residual, cfg.state_detach, last)
             outputs.append(h_t)
-        cache.state = state
+        if cache is not None:
+            cache.state = state
         h = torch.cat(outputs, dim=1)
         rec.update("middle", x, h)
         # forward the upper layers over all positions at once
@@ -1092,8 +1102,8 @@ class GPT(nn.Module):
         Plain and recursive: each application once forward and once backward (a core layer K times).
         T²MLR Jacobi (see jacobi_forward): lower 1/1; middle D forward (D - 1 refining sweeps and the final
         sweep), min(b, D - 1) + 1 backward; upper 1/1. jacobi_init "plain" adds one middle forward (and its
-        backward when every sweep has gradient), jacobi_checkpoint the recomputed forwards of the gradient
-        sweeps; jacobi_tol can only lower the count, so the count is its maximum.
+        backward when b = D, which keeps the start's gradient too), jacobi_checkpoint the recomputed forwards
+        of the gradient sweeps; jacobi_tol can only lower the count, so the count is its maximum.
         """
         n_prelude, n_core, K, n_coda = self.cfg.depth
         passes = [(1, 1)] * n_prelude + [(K, K)] * n_core + [(1, 1)] * n_coda
@@ -1122,8 +1132,10 @@ class GPT(nn.Module):
         if self.gate is not None:
             start, _ = self.cfg.recurrent_layers
             fwd, bwd = self.layer_passes()[start]
+            if cfg.jacobi_init == "plain":     # the plain start's middle pass runs no gate
+                fwd, bwd = fwd - 1, bwd - (cfg.jacobi_grad_sweeps >= cfg.jacobi_sweeps)
             per_pass = sum(p.numel() for p in (*self.gate.proj.parameters(), *self.gate.gates_r.parameters()))
-            # W_p and the r half with every pass of the middle layers
+            # W_p and the r half with every sweep
             flops += (fwd + 2 * bwd) * 2 * per_pass
             flops += 6 * sum(p.numel() for p in self.gate.gates_x.parameters())   # the x half once
         if self.mesh is not None:

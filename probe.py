@@ -158,8 +158,8 @@ def t2mlr_probe(model, idx):
     r_prev = shift_right(torch.cat(states_r, dim=1))     # R_{t-1} at position t
 
     def upper_part(r_prev):
-        """gate, middle layers and upper layers, each as a block, with the recurrent state r_prev (B, T,
-        C)."""
+        """gate, middle layers and upper layers, each as a block, with the recurrent
+        state r_prev (B, T, C)."""
         run = Recorder()
         x_mixed = model.gate(x, r_prev)
         h = model.run_layers(x_mixed, middle, 0, recorder=run)

@@ -3,7 +3,7 @@ Reproduce both papers' findings at laptop scale, with paired seeds and 95% confi
 
     python prepare_data.py --input ../shared/data/fineweb_edu/*.jsonl --tokenizer byte --name fineweb_byte
     python reproduce.py --plan          # the grid, with the estimated minutes of every run; runs nothing
-    python reproduce.py                 # the whole study (about 2.4 h on 2 idle CPU cores); resumable
+    python reproduce.py                 # the whole study (2.1 h measured on 2 CPU cores); resumable
     python reproduce.py --max_minutes 60   # run for at most an hour, then assemble what is done
     python reproduce.py --quick         # every path end to end at toy size, in under 2 minutes (CI)
     python reproduce.py plot out/tiny_base out/tiny_mesh --out curves.png   # curves of any train.py runs
@@ -15,13 +15,14 @@ only lays out the grid, pairs the seeds, collects the numbers and draws them.
 THE STUDY (byte tokens of the FineWeb sample, val loss in bits per byte = nats per token / ln 2; the val
 split's 20 EOT tokens count as bytes)
 
-  MeSH (paper Table 1 and §4): GPT-NeoX blocks, d 128, 4 heads, context 256, unrolled depth 8 everywhere.
+  MeSH (paper Table 1 and §4.1): GPT-NeoX layers, d 128, 4 heads, context 256, unrolled depth 8 everywhere.
     layout K2 = 2+2R2+2: vanilla (8 layers), base, residual, anchor, anchor*, mesh, mesh_as_base
     layout K4 = 2+1R4+2: base, anchor, mesh (the vanilla model above is the same compute)
     mesh_as_base is MeSH whose routers start biased (weight ROUTER_P on one slot) so that the model starts
     as base recursion (to test whether the router initialisation explains MeSH's results); everything
     else equals mesh, its router weights too.
-  T²MLR: LLaMA blocks, d 128, 8 layers, layers 2..5 recurrent, Jacobi D 16 with gradients through b 4.
+  T²MLR: LLaMA layers, d 128, 8 layers, layers 2..5 recurrent, Jacobi D = 16 sweeps (the gradient through the
+    final one and b = 4 before it).
     plain (equal steps), t2mlr, plain_224 (plain given 2.24x the steps: the paper's "a baseline given 2.24x
     the epochs overtakes T²MLR"), plain_flops (plain given t2mlr's training FLOPs: steps x F_t2mlr / F_plain,
     from GPT.train_flops_per_token); each trained t2mlr model is evaluated exactly and with D = 1, 2, 4, 8, 16
@@ -38,7 +39,7 @@ split's 20 EOT tokens count as bytes)
   every tensor of the same name and shape, and the arm's own seeded draws elsewhere (routers, gate). All
   tensors share one distribution (model.GPT.init_weights, identical unrolled depth), so no arm is favoured.
 
-THE BUDGET (2.5 h on 2 CPU cores). Measured on this project's 2-core machine, torch's 2 threads, one job:
+THE BUDGET (2.5 h on 2 CPU cores; the grid took 2.1 h). Measured on a 2-core machine, torch's 2 threads:
 a 200-step MeSH run takes about 3 minutes with its evaluation and probes (~0.7 s per step of 4,096 tokens),
 a T²MLR Jacobi step (D 16, b 4) about 4 s, a plain LLaMA step about 0.9 s. A first layout (5 seeds,
 T²MLR at 120 steps, 67 runs) was measured at ~3.5 h and trimmed, after seed 1 of the K2 layout had run, to:

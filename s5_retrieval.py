@@ -64,8 +64,8 @@ def apply_action(state, action):
 
 def format_example(dictionary, actions):
     """Serialise one example. dictionary: [(permutation, code), ...] in prompt order; actions: [permutation].
-    Returns (input tokens, target tokens, control flow), three lists of equal length (2 + 2·value_len)·n +
-    1."""
+    Returns (input tokens, target tokens, control flow), three lists of equal
+    length (2 + 2·value_len)·n + 1."""
     codes = dict(dictionary)
     value_len = len(dictionary[0][1])
     prompt = [tok for key, code in dictionary for tok in (perm_token(key), *code)] + ["|"]
@@ -108,8 +108,8 @@ class S5Tokenizer:
         return re.findall(r"<A_\d{5}>|.", text, flags=re.S)
 
     def encode(self, tokens):
-        """A string or a list of token strings -> ids. Raises ValueError naming a token outside the
-        vocabulary."""
+        """A string or a list of token strings -> ids. Raises ValueError naming a token
+        outside the vocabulary."""
         tokens = self.split(tokens) if isinstance(tokens, str) else tokens
         missing = [t for t in tokens if t not in self.ids]
         if missing:
@@ -192,8 +192,8 @@ class S5Config:
 
 class LSTMLM(nn.Module):
     """Embedding (V x H) -> nn.LSTM (layers x H) -> the embedding matrix again as output head (tied).
-    forward(idx (B, T), targets (B, T) or None, **ignored) -> (logits (B, T, V), mean CE over labels !=
-    -1)."""
+    forward(idx (B, T), targets (B, T) or None, **ignored) -> (logits (B, T, V), mean CE over
+    labels != -1)."""
 
     def __init__(self, vocab_size: int, hidden: int, layers: int):
         super().__init__()
@@ -283,8 +283,8 @@ def evaluate(model, s5: S5Config, n_values, examples_per_n: int, device, autocas
 
 def train_batch(s5: S5Config, seed: int, step: int, batch_size: int, device):
     """The batch of training step `step`: batch_size examples with n uniform in [train_min_n, train_max_n],
-    drawn from a generator seeded by (seed, step) alone. Returns make_batch's (idx, targets, control), (B,
-    T)."""
+    drawn from a generator seeded by (seed, step) alone. Returns make_batch's (idx, targets,
+    control), (B, T)."""
     rng = random.Random(seed * 1_000_000_007 + step)
     examples = [
         make_example(rng.randint(s5.train_min_n, s5.train_max_n), rng, s5.value_len)

@@ -2,7 +2,8 @@
 T²MLR's Jacobi options beyond the reference, each against what it claims to equal (float64, CPU):
 
 - jacobi_tol: 0 is bit-identical to fixed D; a stop at tolerance tol is within the error bound that the
-  tolerance and the measured contraction imply; the gradient still flows through exactly b sweeps.
+  tolerance and the measured contraction imply; the gradient still flows through the final sweep and
+  exactly b sweeps before it.
 - converged prefill (mode "converged", generate/sample prefill="converged"): equal to exact prefill, and
   bit for bit to Jacobi at D = T; the cache it fills continues decoding exactly.
 - jacobi_checkpoint: the same values and gradients, fewer bytes held for backward.
@@ -99,7 +100,7 @@ def test_tol_zero_is_bit_identical_to_fixed_d(D, b):
 def test_tol_stop_is_within_the_bound_it_implies(tol):
     """Contractive setting (small global gates, R_t = h_t): the stop comes at the first sweep k whose change
     is <= tol · RMS(R^(k)), and the state then differs from the converged one (T - 1 sweeps: exact) by at
-    most Σ_{j>k} Δ_j <= Δ_k · L / (1 - L) <= tol · RMS(R^(k)) · L / (1 - L), with Δ_j = max|R^(j) - C^(j-1)|
+    most Σ_{j>k} Δ_j <= Δ_k · ρ / (1 - ρ) <= tol · RMS(R^(k)) · ρ / (1 - ρ), with Δ_j = max|R^(j) - R^(j-1)|
     and L < 1 the largest measured ratio Δ_{j+1} / Δ_j after the stop."""
     T = 24
     model = build(
@@ -118,14 +119,14 @@ def test_tol_stop_is_within_the_bound_it_implies(tol):
     # float64 rounding of O(1) states: ratios below it are noise
     floor = 1e-13
     deltas = [d for d in [(states[k] - states[k - 1]).abs().max().item()] + deltas if d > floor]
-    L = max(b / a for a, b in zip(deltas, deltas[1:]))
-    assert L < 1
-    bound = tol * states[k].pow(2).mean().sqrt().item() * L / (1 - L) + T * floor
+    rho = max(b / a for a, b in zip(deltas, deltas[1:]))          # the contraction factor ρ
+    assert rho < 1
+    bound = tol * states[k].pow(2).mean().sqrt().item() * rho / (1 - rho) + T * floor
     error = (state - states[-1]).abs().max().item()
-    assert 0 < error <= bound, (error, bound, k, L)
+    assert 0 < error <= bound, (error, bound, k, rho)
 
 
-def test_tol_gradient_flows_through_exactly_b_sweeps():
+def test_tol_gradient_flows_through_the_final_and_exactly_b_sweeps():
     """A stop after k free sweeps is the fixed-D computation with D = k + b + 1: equal values and gradients,
     and those differ from a computation with one gradient sweep fewer."""
     idx, targets = tokens(T=16), tokens(T=16, seed=2)
@@ -276,3 +277,16 @@ def test_flop_count_follows_the_options():
     assert middle(jacobi_checkpoint=True) == (20, 5)
     assert middle(jacobi_tol=0.1) == (16, 5)                          # an early stop only lowers it
     assert middle(jacobi_sweeps=3, jacobi_grad_sweeps=3, jacobi_init="plain") == (4, 4)
+
+
+def test_plain_start_adds_no_gate_flops():
+    """The plain start's extra middle pass runs the layers but not the gate: train_flops_per_token grows
+    by exactly one middle forward of layer FLOPs (b < D: no backward through it)."""
+    with torch.device("meta"):
+        zero = GPT(GPTConfig(**(TINY_LLAMA | dict(jacobi_sweeps=16, jacobi_grad_sweeps=4))))
+        plain = GPT(GPTConfig(**(TINY_LLAMA | dict(jacobi_sweeps=16, jacobi_grad_sweeps=4,
+                                                   jacobi_init="plain"))))
+    T, C = TINY_LLAMA["block_size"], TINY_LLAMA["n_embd"]
+    layer_fwd = 2 * sum(p.numel() for p in zero.layers[0].parameters()) + 4 * C * T
+    n_mid = len(zero.middle)
+    assert plain.train_flops_per_token() - zero.train_flops_per_token() == n_mid * layer_fwd

@@ -378,7 +378,8 @@ def test_tolerance_summary_pairs_seeds_and_calls_a_win_only_within_the_spread():
     tol = [run(1, 1.505, 80.0, 12.0), run(2, 1.515, 99.0, 13.0)]
     s = reproduce.tolerance_summary(fixed, tol)
     assert s["seeds"] == [1, 2]
-    assert s["val_loss_diff"] == pytest.approx([0.005, -0.005]) and s["val_loss_diff_mean"] == pytest.approx(0)
+    assert s["val_loss_diff"] == pytest.approx([0.005, -0.005])
+    assert s["val_loss_diff_mean"] == pytest.approx(0)
     assert s["fixed_seed_spread"] == pytest.approx(0.02)
     assert s["wall_ratio"] == pytest.approx([0.8, 0.9]) and s["passes"]["tol"] == [12.0, 13.0]
     assert s["win"] is True

@@ -4,14 +4,14 @@ Train a GPT: vanilla, recursive with MeSH or a fixed state passing (layout "P+CR
 Single device:     python train.py config/mesh_160m.py
 CPU smoke test:    python train.py config/tiny_mesh.py --device=cpu --compile=False --max_iters=20
 One node, 8 GPUs:  torchrun --standalone --nproc_per_node=8 train.py config/mesh_160m.py
-Two nodes:         torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1
---master_port=29500 \
-                       train.py config/mesh_160m.py        (and --node_rank=1 on the second node)
+Two nodes:         torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 \
+                       --master_port=29500 train.py config/mesh_160m.py   (--node_rank=1 on the other)
 Resume:            python train.py config/mesh_160m.py --init_from=resume
 Retrofit T²MLR:    python train.py config/tiny_t2mlr.py --init_from=out/tiny_llama/ckpt.pt
                    (the weights of a trained vanilla model; the new gate starts as an exact identity)
 From SmolLM2:      python train.py config/smollm2_135m_retrofit.py
-(--init_from=hf:HuggingFaceTB/SmolLM2-135M) Every key:         python train.py --help
+                   (--init_from=hf:HuggingFaceTB/SmolLM2-135M)
+Every key:         python train.py --help
 
 Writes out_dir/ckpt.pt (the latest state, written atomically at every evaluation) and appends one JSON
 row per log or evaluation step to out_dir/log.jsonl.
@@ -851,9 +851,9 @@ def train_step(run: Run, step: int) -> dict:
     flops = run.flops_per_token * tok_s / run.world_size   # achieved FLOP/s per device
     row = {"step": step, "loss": train_loss.item(), "lr": lr, "grad_norm": grad_norm.item(), "ms": 1000 * dt,
            "tok_s": tok_s, "flops": flops, "mfu": flops / run.peak if run.peak else None}
-    # mean middle-layer passes per micro-step (D, +1 with the plain start, fewer
     if run.model_cfg.t2mlr:
-        row["jacobi_passes"] = passes / run.grad_accum    # where jacobi_tol stopped the sweeps early)
+        # mean middle-layer passes per micro-step (D, +1 with the plain start, fewer where jacobi_tol stopped)
+        row["jacobi_passes"] = passes / run.grad_accum
     return row
 
 

@@ -1,10 +1,9 @@
 # Evaluate the released Pythia-160M (EleutherAI, the MeSH paper's vanilla baseline family) on our data:
-# GPT.from_pretrained maps its GPT-NeoX checkpoint onto this repository's neox blocks exactly
-# (test_pretrained.py). max_iters = 0: train.py evaluates at step 0 and writes the checkpoint; sample.py then
-# samples from it.
+# GPT.from_pretrained maps its GPT-NeoX checkpoint onto our neox layers exactly (test_pretrained.py).
+# max_iters = 0: train.py evaluates at step 0 and writes the checkpoint; sample.py then samples from it.
 #
-# python prepare_data.py --tokenizer hf:EleutherAI/pythia-160m --name fineweb_edu_pythia   # Pythia's own
-# tokenizer   python train.py config/pythia_160m_eval.py
+#   python prepare_data.py --tokenizer hf:EleutherAI/pythia-160m --name fineweb_edu_pythia   # its tokenizer
+#   python train.py config/pythia_160m_eval.py
 #   python sample.py --out_dir=out/pythia_160m_eval --start="The history of" --temperature=0
 # A fine-tune: the same with --max_iters=1000 (and a learning rate, e.g. --learning_rate=6e-5 --min_lr=6e-6).
 

@@ -1,6 +1,5 @@
 # S5-Retrieval, the T²MLR paper's settings (§3.1; the reference's train_s5_retrieval.sh): a GPU run.
-# Run: python s5_retrieval.py config/s5_t2mlr.py        (baselines: config/s5_transformer.py,
-# config/s5_lstm.py)
+# Run: python s5_retrieval.py config/s5_t2mlr.py   (baselines: config/s5_transformer.py, config/s5_lstm.py)
 
 # model: a 6-layer LLaMA-style transformer, H 384, no positional encoding, layers 1..4 recurrent in time
 flavour = "llama"
@@ -16,8 +15,7 @@ rope_pct = 0.0                 # NoPE: no positional encoding (the reference's D
 t2mlr = True
 l_start = 1                    # the gate mixes R_{t-1} into the input of layer 1
 l_end = 4                      # R_t is written from the output of layer 4
-# D: Jacobi sweeps per training step, the final one included (positions < D exact)
-jacobi_sweeps = 16
+jacobi_sweeps = 16             # D: Jacobi sweeps per step, the final one included (positions < D exact)
 jacobi_grad_sweeps = 4         # b: sweeps before the final one that keep gradient (b + 1 with autograd)
 state_residual = True          # R_t = s·(h_t + R_{t-1})
 state_detach = True            # no gradient along the R chain (the S5 scripts)

@@ -1,11 +1,10 @@
 # S5-Retrieval at laptop scale (CPU), baseline: a parameter-matched LSTM.
-# One of the three models of `python s5_retrieval.py --compare` (with s5_tiny_t2mlr.py,
-# s5_tiny_transformer.py). 4 layers put the transformer's depth bound at 2^4 = 16 actions: between the longest
-# training length (12) and the longest test length (24).
+# One of the three models of `python s5_retrieval.py --compare` (+ s5_tiny_t2mlr.py, s5_tiny_transformer.py).
+# 4 layers put the transformer's depth bound at 2^4 = 16 actions: between the longest training length
+# (12) and the longest test length (24).
 
 # model: an LSTM (nn.LSTM, tied embeddings), 4 layers, width 189 = 1,184,652 parameters, within 0.4% of
-# s5_tiny_t2mlr.py's 1,180,034 (s5_retrieval.lstm_hidden_for). The transformer keys below only give the
-# vocabulary.
+# s5_tiny_t2mlr.py's 1,180,034 (s5_retrieval.lstm_hidden_for). The transformer keys below: vocabulary only.
 arch = "lstm"
 lstm_layers = 4
 lstm_hidden = 189

@@ -18,8 +18,7 @@ rope_pct = 0.0                 # NoPE, as the paper's S5 models
 t2mlr = True
 l_start = 1
 l_end = 2
-# D: Jacobi sweeps per training step, the final one included (positions < D exact)
-jacobi_sweeps = 16
+jacobi_sweeps = 16             # D: Jacobi sweeps per step, the final one included (positions < D exact)
 jacobi_grad_sweeps = 4         # b: sweeps before the final one that keep gradient (b + 1 with autograd)
 state_residual = True
 state_detach = True

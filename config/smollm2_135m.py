@@ -3,8 +3,7 @@
 # Run: python train.py config/smollm2_135m.py
 
 # model (SmolLM2-135M's config, from scratch, as the reference's FineWeb run)
-# RMSNorm, sequential residual, SwiGLU, rotary on all dims, GQA, no biases, tied
-flavour = "llama"
+flavour = "llama"               # RMSNorm, sequential residual, SwiGLU, full rotary, GQA, no biases, tied
 vocab_size = 50304              # GPT-2 BPE padded (the reference used SmolLM2's own 49,152-token vocabulary)
 n_layer = 30
 n_embd = 576

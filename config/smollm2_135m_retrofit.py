@@ -3,8 +3,8 @@
 # recurrence over the middle 20% of its 30 layers and fine-tune. The gate starts as an exact identity
 # (θ_r = θ_x = 0), so at step 0 the model is the released one: its first val loss is SmolLM2-135M's own.
 #
-# python prepare_data.py --tokenizer hf:HuggingFaceTB/SmolLM2-135M --name fineweb_edu_smollm2   # its own
-# tokenizer   python train.py config/smollm2_135m_retrofit.py
+#   python prepare_data.py --tokenizer hf:HuggingFaceTB/SmolLM2-135M --name fineweb_edu_smollm2  # own tokens
+#   python train.py config/smollm2_135m_retrofit.py
 # Offline, with the model downloaded to a folder (config.json, model.safetensors, tokenizer.json, ...):
 #   python prepare_data.py --tokenizer hf:path/to/SmolLM2-135M --name fineweb_edu_smollm2
 #   python train.py config/smollm2_135m_retrofit.py --init_from=hf:path/to/SmolLM2-135M
@@ -15,8 +15,7 @@ init_from = "hf:HuggingFaceTB/SmolLM2-135M"
 t2mlr = True
 l_start = 12
 l_end = 17
-# D: Jacobi sweeps per training step, the final one included (positions < D exact)
-jacobi_sweeps = 16
+jacobi_sweeps = 16             # D: Jacobi sweeps per step, the final one included (positions < D exact)
 jacobi_grad_sweeps = 4         # b: sweeps before the final one that keep gradient (b + 1 with autograd)
 state_residual = True
 state_detach = False

@@ -1,17 +1,14 @@
-# Tiny recursive model, +anchor h(t+1) = f_core(h(t)) + h(0): 2+2R2+2, the compute of 8 layers with 6 layers'
-# weights. Everything but the layout and state passing equals tiny_vanilla.py, so the val losses compare
-# directly. Run: python prepare_data.py --source pydoc --tokenizer byte && python train.py
-# config/tiny_anchor.py
+# Tiny recursive model, +anchor h(t+1) = f_core(h(t)) + h(0): 2+2R2+2, 8 layers' compute, 6 layers' weights.
+# Everything but the layout and state passing equals tiny_vanilla.py, so the val losses compare directly.
+# Run: python prepare_data.py --source pydoc --tokenizer byte && python train.py config/tiny_anchor.py
 
 # model
 flavour = "neox"               # the MeSH paper's block: LayerNorm, parallel residual, GELU MLP, 25% rotary
 vocab_size = 320               # byte tokenizer: 256 bytes + EOT = 257, padded up to a multiple of 64
 block_size = 256               # context length: long enough for a few lines of the Python manual
-# width small enough for CPU, wide enough for the loss to fall well below unigram
-n_embd = 128
+n_embd = 128                   # small enough for CPU, wide enough for the loss to fall well below unigram
 n_head = 4                     # head dim 32
-# 2 prelude + 2 core layers looped K=2 times + 2 coda: unrolled depth 8, as vanilla
-layout = "2+2R2+2"
+layout = "2+2R2+2"             # 2 prelude + 2 core layers looped K=2 times + 2 coda: unrolled depth 8
 state_mode = "anchor"          # how the state passes between the two core loops
 
 # data

@@ -3,8 +3,7 @@
 # Run: python prepare_data.py --source pydoc --tokenizer byte && python train.py config/tiny_llama.py
 
 # model
-# the T²MLR paper's block: RMSNorm, sequential residual, SwiGLU, full rotary, tied
-flavour = "llama"
+flavour = "llama"              # the T²MLR paper's: RMSNorm, sequential residual, SwiGLU, full rotary, tied
 vocab_size = 320               # byte tokenizer: 256 bytes + EOT = 257, padded up to a multiple of 64
 block_size = 256               # context length
 n_layer = 8

@@ -1,5 +1,5 @@
-# Tiny MeSH model: 2+2R2+2 with a B = K+3 = 5 slot memory routed between loops
-# (MeSH paper Eq. 3; the B = K+3 rule comes from its buffer-size ablation, Table 3).
+# Tiny MeSH model: 2+2R2+2 with an n_slots = K+3 = 5 slot memory routed between loops
+# (MeSH paper Eq. 3; the n_slots = K+3 rule comes from its buffer-size ablation, Table 3).
 # Everything but the layout and state passing equals tiny_vanilla.py, so the val losses compare directly.
 # Run: python prepare_data.py --source pydoc --tokenizer byte && python train.py config/tiny_mesh.py
 
@@ -7,11 +7,9 @@
 flavour = "neox"               # the MeSH paper's block: LayerNorm, parallel residual, GELU MLP, 25% rotary
 vocab_size = 320               # byte tokenizer: 256 bytes + EOT = 257, padded up to a multiple of 64
 block_size = 256               # context length: long enough for a few lines of the Python manual
-# width small enough for CPU, wide enough for the loss to fall well below unigram
-n_embd = 128
+n_embd = 128                   # small enough for CPU, wide enough for the loss to fall well below unigram
 n_head = 4                     # head dim 32
-# 2 prelude + 2 core layers looped K=2 times + 2 coda: unrolled depth 8, as vanilla
-layout = "2+2R2+2"
+layout = "2+2R2+2"             # 2 prelude + 2 core layers looped K=2 times + 2 coda: unrolled depth 8
 state_mode = "mesh"            # how the state passes between the two core loops
 
 # data

@@ -5,8 +5,7 @@
 #      python train.py config/tiny_t2mlr.py --init_from=out/tiny_llama/ckpt.pt
 
 # model
-# the T²MLR paper's block: RMSNorm, sequential residual, SwiGLU, full rotary, tied
-flavour = "llama"
+flavour = "llama"              # the T²MLR paper's: RMSNorm, sequential residual, SwiGLU, full rotary, tied
 vocab_size = 320               # byte tokenizer: 256 bytes + EOT = 257, padded up to a multiple of 64
 block_size = 256               # context length
 n_layer = 8
@@ -18,8 +17,7 @@ rope_theta = 10000.0
 t2mlr = True                   # temporal middle-layer recurrence
 l_start = 2                    # the gate mixes R_{t-1} into the input of layer 2
 l_end = 5                      # R_t is written from the output of layer 5
-# D: Jacobi sweeps per training step, the final one included (positions < D exact)
-jacobi_sweeps = 16
+jacobi_sweeps = 16             # D: Jacobi sweeps per step, the final one included (positions < D exact)
 jacobi_grad_sweeps = 4         # b: sweeps before the final one that keep gradient (b + 1 with autograd)
 val_mode = "exact"             # validation with the exact token-by-token recurrence
 

@@ -6,8 +6,7 @@
 flavour = "neox"               # the MeSH paper's block: LayerNorm, parallel residual, GELU MLP, 25% rotary
 vocab_size = 320               # byte tokenizer: 256 bytes + EOT = 257, padded up to a multiple of 64
 block_size = 256               # context length: long enough for a few lines of the Python manual
-# width small enough for CPU, wide enough for the loss to fall well below unigram
-n_embd = 128
+n_embd = 128                   # small enough for CPU, wide enough for the loss to fall well below unigram
 n_head = 4                     # head dim 32
 n_layer = 8                    # the compute depth the recursive tiny configs unroll to
 

@@ -1,6 +1,6 @@
 # Vanilla 16-layer baseline.
-# Pythia-1B shape (GPT-NeoX blocks) with the MeSH paper's training recipe; Pythia's values where the paper is
-# silent. Run: python train.py config/vanilla_1b.py   (override any key: --batch_size=4 --max_iters=1000)
+# Pythia-1B shape (GPT-NeoX layers), the MeSH paper's recipe; Pythia's values where the paper is silent.
+# Run: python train.py config/vanilla_1b.py   (override any key: --batch_size=4 --max_iters=1000)
 
 # model (Pythia's GPT-NeoX architecture, as the MeSH paper; sizes and layouts as in its Table 1)
 flavour = "neox"                # LayerNorm, parallel residual, GELU MLP 4d, rotary 25%, biases, untied
@@ -11,11 +11,9 @@ n_layer = 16
 block_size = 4096               # the paper's sequence length (Pythia used 2048)
 
 # data and optimisation (as the MeSH paper states them, unless a line says otherwise)
-# python prepare_data.py  (the paper trained on the Pile; we default to FineWeb-Edu)
-dataset = "fineweb_edu"
+dataset = "fineweb_edu"        # python prepare_data.py (the paper trained on the Pile; ours: FineWeb-Edu)
 total_batch_size = 2_097_152   # tokens per step: 512 sequences x 4096, as the paper
-# sequences per GPU per micro-step (ours: fits 80 GB in bf16); accumulation is derived
-batch_size = 2
+batch_size = 2                 # per GPU per micro-step (ours: fits 80 GB in bf16); accumulation is derived
 max_iters = 120_818            # the paper's 253B tokens (Fig. 9); override for shorter runs
 learning_rate = 3e-4           # peak LR (Pythia's value for this size)
 min_lr = 3e-05                 # cosine decays to 10% of the peak
