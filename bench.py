@@ -39,8 +39,10 @@ writes bench.json.
 """
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -285,6 +287,7 @@ def tokenizer_fns():
     # + one EOT per document, as prepare writes
     n_tokens = sum(map(len, tok.encode_batch(docs))) + len(docs)
     out = tempfile.mkdtemp(prefix="bench_prepare_")
+    atexit.register(shutil.rmtree, out, ignore_errors=True)      # the token files are not kept
 
     def prepare():
         t0 = time.perf_counter()
