@@ -58,7 +58,8 @@ for r in range(int(sys.argv[2]) if len(sys.argv) > 2 else 7):
 for k, (a, b) in R.items():
     ratios = [y / x for x, y in zip(a, b)]
     print(
-        f"{k:32s} old {1e3*statistics.median(a):8.2f} ms  new {1e3*statistics.median(b):8.2f} ms  new/old {statistics.median(ratios):.3f}"
+        f"{k:32s} old {1e3*statistics.median(a):8.2f} ms  new {1e3*statistics.median(b):8.2f} ms  "
+        f"new/old {statistics.median(ratios):.3f}"
     )
 for name, (ot, nt), (op, np_) in [
     ("T²MLR jacobi / plain step", (R["train t2mlr jacobi"]), (R["train plain"])),
