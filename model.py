@@ -15,8 +15,8 @@ MeSH (Yu et al., "MeSH: Memory-as-State-Highways for Recursive Transformers", ar
     router per step: the core output is softly written into the slots, the next state is a soft read.
 
 T²MLR (Transformer with Temporal Middle-Layer Recurrence, arXiv 2607.15178).
-    The output of layer l_end at token t-1 (the recurrent state R_{t-1}) is fused by a gate into the
-    input of layer l_start at token t. Training is parallel: D Jacobi sweeps over the middle layers
+    The output of layer l_end at token t-1, merged into the recurrent state R_{t-1}, is fused by a gate
+    into the input of layer l_start at token t. Training is parallel: D Jacobi sweeps over the middle layers
     l_start..l_end (gradients through the final one and the b before it); inference is exact, token by
     token through the middle layers, with a KV cache plus one recurrent state.
 
@@ -27,7 +27,8 @@ this order (each is short and narrated step by step):
     T²MLR train  forward -> jacobi_forward -> jacobi_state -> jacobi_sweep -> TemporalGate, update_state,
                  shift_right
     T²MLR exact  forward -> exact_forward -> TemporalGate, update_state (LayerCache for the middle layers)
-    generation   generate -> forward (exact mode with an InferenceCache) -> exact_forward; sample_next
+    generation   generate -> forward (exact mode with an InferenceCache) -> exact_forward (recurrence_chunks:
+                 the control flow); sample_next
 Every branch applies layers with run_layers; the layer groups (prelude/core/coda, lower/middle/upper) are
 lists made once in GPT.__init__.
 test_equivalence.py holds the executable definitions these are checked against (a naive token loop for
@@ -246,8 +247,8 @@ class MeshMemory(nn.Module):
 
             w_write = softmax(write_routers[step](router_in))     (B, T, n_slots)
             w_read  = softmax(read_routers[step](router_in))      (B, T, n_slots)
-            m_s    <- m_s + w_write[..., s] * written             (additive soft write, every slot s)
-            h_next  = sum_s w_read[..., s] * m_s                  (read from the UPDATED buffer)
+            m_i    <- m_i + w_write[..., i] * written             (additive soft write, every slot i)
+            h_next  = sum_i w_read[..., i] * m_i                  (read from the UPDATED buffer)
 
         step 0 is the transitional step (written = h_pre, the prelude output), step t+1 the loop t
         (written = f_core(h(t)), router_in = h(t)).
@@ -434,7 +435,7 @@ class GPTConfig:
     layout: str = ""                 # recursive "P+CRK+Q": prelude, core layers, K loops, coda (MeSH paper)
     n_head: int = 12
     n_kv_head: Optional[int] = None  # grouped-query attention; None = n_head
-    n_embd: int = 768                # C (the papers' d / D / H)
+    n_embd: int = 768                # C (the papers' d)
     mlp_hidden: Optional[int] = None  # MLP width; None = 4*n_embd (neox); required for llama
     rope_theta: float = 10000.0      # rotary base θ
     rope_pct: Optional[float] = None  # fraction of head dims rotated; None = 0.25 (neox) / 1.0 (llama)
@@ -577,7 +578,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def init_weights(self):
         """One initialisation for every variant, so comparisons are fair (the MeSH paper's recipe, with
-        Huginn's base std where the paper does not state one):
+        Huginn's base std, Geiping et al. 2025, arXiv 2502.05171, where the paper does not state one):
 
         * every Linear/Embedding weight ~ N(0, std²) with std = sqrt(2 / (5 C)); biases 0; norm weights 1;
         * attention-out and MLP-down projections: std / sqrt(2 · unrolled depth) (depth-aware, MeSH §4.1);

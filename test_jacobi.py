@@ -101,7 +101,7 @@ def test_tol_stop_is_within_the_bound_it_implies(tol):
     """Contractive setting (small global gates, R_t = h_t): the stop comes at the first sweep k whose change
     is <= tol · RMS(R^(k)), and the state then differs from the converged one (T - 1 sweeps: exact) by at
     most Σ_{j>k} Δ_j <= Δ_k · ρ / (1 - ρ) <= tol · RMS(R^(k)) · ρ / (1 - ρ), with Δ_j = max|R^(j) - R^(j-1)|
-    and L < 1 the largest measured ratio Δ_{j+1} / Δ_j after the stop."""
+    and ρ < 1 the largest measured ratio Δ_{j+1} / Δ_j after the stop."""
     T = 24
     model = build(
         theta=(0.05, 0.05), state_residual=False, jacobi_sweeps=T, jacobi_grad_sweeps=0, jacobi_tol=tol
