@@ -787,7 +787,8 @@ class GPT(nn.Module):
         # self.lower, self.middle, self.upper: the layers below l_start, l_start..l_end, above l_end
         # forward the lower layers once: their output x is the same in every sweep
         x = self.run_layers(h_emb, self.lower, 0, recorder=rec, name="lower")
-        pre = self.gate.precompute(x)                                   # speed-up: the gate's x half, once
+        # speed-up: the part of the gate that does not depend on the state (gates_x(x), tanh θ), once
+        pre = self.gate.precompute(x)
         recurrent = None if control is None else (control > 1).unsqueeze(-1)   # (B, T, 1) or None
         # sweeps 1..D-1: refine the state of every position in parallel
         state = self.jacobi_state(
@@ -849,6 +850,7 @@ class GPT(nn.Module):
         x, state: (B, T, C); pre = gate.precompute(x); recurrent: (B, T, 1) or None."""
         cfg = self.cfg
         h = self.run_layers(self.gate(x, state, pre, recurrent), self.middle, 0)         # the middle layers
+        # R_t from each position's output, shifted one position right: token t reads R_{t-1}, token 0 zeros
         return shift_right(update_state(h, state, cfg.state_residual, cfg.state_detach, recurrent))
 
     def exact_forward(self, h_emb, control=None, cache=None, rec=NO_RECORDER):
@@ -873,7 +875,8 @@ class GPT(nn.Module):
         x = self.run_layers(h_emb, self.lower, pos, caches, rec, "lower")
         # the middle layers' KV caches, grown token by token
         middle_caches = [next(caches) if cache is not None else LayerCache(T) for _ in self.middle]
-        gates_x, gamma_r, gamma_x = self.gate.precompute(x)       # speed-up: the gate's x half, all positions
+        # speed-up: the part of the gate that does not depend on the state (gates_x(x), tanh θ), all positions
+        gates_x, gamma_r, gamma_x = self.gate.precompute(x)
         recurrent = None if control is None else (control > 1).unsqueeze(-1)   # (B, T, 1) or None
         state = cache.state if cache is not None and cache.state is not None else x.new_zeros(B, 1, C)
         # the recurrence: one token at a time (a span that no row runs recurrently: one chunk)
@@ -915,7 +918,7 @@ class GPT(nn.Module):
         cfg = self.cfg
         caches = iter(cache.layers if cache is not None else [None] * len(self.layers))
         x = self.run_layers(h_emb, self.lower, 0, caches)                         # the lower layers
-        pre = self.gate.precompute(x)
+        pre = self.gate.precompute(x)                               # the state-independent part of the gate
         recurrent = None if control is None else (control > 1).unsqueeze(-1)
         # sweeps 1..T-1 (or fewer, when converged), then the final sweep writes the middle layers' caches
         state = self.jacobi_state(x, pre, recurrent, h_emb.shape[1] - 1, 0, tol)   # R[:, t] = R_{t-1}

@@ -219,9 +219,9 @@ def test_config_maps_the_released_configs():
         ({"mlp_bias": True}, r"^LlamaForCausalLM: mlp_bias = True"),
         (
             {"hidden_act": "gelu"},
-            r"^LlamaForCausalLM: hidden_act = 'gelu' is not supported \(these blocks have 'silu'\)",
+            r"^LlamaForCausalLM: hidden_act = 'gelu' is not supported \(these layers have 'silu'\)",
         ),
-        ({"head_dim": 16}, r"^LlamaForCausalLM: head_dim = 16 is not supported \(these blocks have 8\)"),
+        ({"head_dim": 16}, r"^LlamaForCausalLM: head_dim = 16 is not supported \(these layers have 8\)"),
     ],
 )
 def test_unsupported_llama_fields_are_named(change, message):
