@@ -974,9 +974,11 @@ class GPT(nn.Module):
         T²MLR control flow (ignored by other models): generated tokens are recurrent (c = 2); the prompt is
         non-recurrent (c = 1: not mixed, and the state after it is the last prompt token's raw l_end
         output), as the reference generates, unless recurrent_prompt=True (c = 2 everywhere, which equals
-        control=None: how train.py trains on plain text). prefill (T²MLR): how the prompt, and each slid
-        window, is processed: "exact" (token by token) or "converged" (parallel Jacobi sweeps until the state
-        moves less than prefill_tol, converged_forward; 0 = exact up to rounding); decoding is always exact.
+        control=None: how train.py trains on plain text). prefill (T²MLR): how the prompt is processed:
+        "exact" (token by token) or "converged" (parallel Jacobi sweeps until the state moves less than
+        prefill_tol, converged_forward; 0 = exact up to rounding). Decoding, and the recompute of a slid
+        window, are always exact (a converged recompute of every window would cost up to block_size sweeps
+        per new token).
         """
         if prefill not in ("exact", "converged"):
             raise ValueError(f"prefill {prefill!r} is not one of 'exact', 'converged'")
@@ -1007,10 +1009,9 @@ class GPT(nn.Module):
                 # the cache holds all of idx: feed the new token only (T²MLR: exact, continuing the state)
                 logits, _ = self(idx_next, mode="exact", cache=cache, control=control[:, -1:])
             else:
-                # the window slid: every position moved, so recompute the whole window without a cache
-                logits, _ = self(
-                    idx[:, -window:], mode=prefill, control=control[:, -window:], tol=prefill_tol
-                )
+                # the window slid: every position moved, so recompute the whole window without a cache,
+                # exactly (a converged recompute would cost up to block_size sweeps for every new token)
+                logits, _ = self(idx[:, -window:], mode="exact", control=control[:, -window:])
         return idx
 
     @staticmethod

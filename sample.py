@@ -89,7 +89,7 @@ def main(argv):
             prefill=cfg.prefill,
             prefill_tol=cfg.prefill_tol,
         )
-    if model_cfg.t2mlr and cfg.prefill == "converged":      # the prompt's (or the last slid window's) sweeps
+    if model_cfg.t2mlr and cfg.prefill == "converged":      # the prompt's sweeps
         print(f"prefill: parallel Jacobi, tol {cfg.prefill_tol:g}: {model.jacobi_passes} middle-layer passes "
               f"(exact prefill: one per token)", file=sys.stderr)
     for row in out.tolist():
