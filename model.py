@@ -446,10 +446,10 @@ class GPTConfig:
     # MeSH and the heuristic state passings (MeSH paper §3.1-3.2)
     state_mode: str = "base"         # h_sup: base 0 | residual h(t) | anchor h(0) | anchor_star h_emb | mesh
     mesh_slots: Optional[int] = None  # n_slots (the paper's B); None = K + 3 (MeSH paper §4.4, Table 3)
-    mesh_trans_router_in: str = "pre"  # input of the transitional routers: "pre" (h_pre) or "emb" (h_emb);
-                                       # the MeSH paper does not say which: "pre" is our reading
+    # the MeSH paper does not say which state feeds the transitional routers: "pre" is our reading
+    mesh_trans_router_in: str = "pre"  # transitional routers' input: "pre" (h_pre) or "emb" (h_emb)
     # T²MLR (gate, state update and Jacobi training as the reference has them)
-    t2mlr: bool = False
+    t2mlr: bool = False              # temporal middle-layer recurrence on layers l_start..l_end
     l_start: int = 0                 # first recurrent layer (gate at its input); negative counts from the end
     l_end: int = -1                  # last recurrent layer (state written from its output); inclusive
     jacobi_sweeps: int = 16          # D: Jacobi sweeps per step, the final one included (positions < D exact)

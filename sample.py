@@ -29,7 +29,7 @@ class SampleConfig:
     seed: int = 1337                      # seeds the sampling generator: same seed, same samples
     recurrent_prompt: bool = True         # T²MLR: prompt tokens recurrent (c = 2, as trained); False: c = 1
     prefill: str = "exact"                # T²MLR: the prompt token by token ('exact'), or 'converged'
-    prefill_tol: float = 0.0              # 'converged': stop once the state moves less than this; 0 = exact
+    prefill_tol: float = 0.0              # 'converged': stop once the state moves less; 0 = all T sweeps
     device: str = "auto"                  # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'mps'
     dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), float32, bfloat16
 
@@ -90,7 +90,7 @@ def main(argv):
             prefill_tol=cfg.prefill_tol,
         )
     if model_cfg.t2mlr and cfg.prefill == "converged":      # the prompt's sweeps
-        print(f"prefill: parallel Jacobi, tol {cfg.prefill_tol:g}: {model.jacobi_passes} middle-layer passes "
+        print(f"prefill: parallel Jacobi, tol {cfg.prefill_tol:g}: middle-layer passes {model.jacobi_passes} "
               f"(exact prefill: one per token)", file=sys.stderr)
     for row in out.tolist():
         # ids >= the tokenizer's vocabulary are padding rows of the embedding, never seen in training; drop

@@ -58,7 +58,7 @@ class TrainConfig:
     val_mode: str = "exact"               # T²MLR only: 'exact', 'jacobi' or 'converged'
     val_tol: float = 0.0                  # val_mode 'converged': the change that stops the sweeps; 0 = exact
     log_interval: int = 10                # print and log the train loss every this many steps
-    progress: bool = True                 # tqdm progress bar on rank 0
+    progress: bool = True                 # tqdm progress bar on rank 0 (when stderr is a terminal)
     # batch, in tokens (build-nanogpt); gradient accumulation is derived from it
     total_batch_size: int = 524288        # tokens per optimizer step, over all ranks and micro-steps
     batch_size: int = 16                  # sequences per micro-step per rank
@@ -565,7 +565,8 @@ def main(argv):
     run = setup(argv)
     cfg = run.cfg
     bar = tqdm(
-        total=cfg.max_iters, initial=run.start_step, disable=not (run.master and cfg.progress), unit="step"
+        total=cfg.max_iters, initial=run.start_step, unit="step",
+        disable=not (run.master and cfg.progress and sys.stderr.isatty()),
     )
     t_start = time.time()
     # exactly max_iters optimizer steps, then a final evaluation and save
