@@ -356,9 +356,11 @@ class Recorder:
         self.states, self.updates = {}, []
 
     def state(self, name, h):
+        """Keep the hidden state h (B, T, C) under `name` (e.g. "h(1)")."""
         self.states[name] = h
 
     def update(self, name, h_in, h_out):
+        """Keep one applied unit's input and output, both (B, T, C), for its relative update."""
         self.updates.append((name, h_in, h_out))
 
 
@@ -646,8 +648,6 @@ class GPT(nn.Module):
                 f"control has shape {tuple(control.shape)}; it must match idx, {tuple(idx.shape)}"
             )
         rec = recorder or NO_RECORDER
-        # one per application, in order
-        caches = iter(cache.layers if cache is not None else [None] * self.cfg.n_unrolled)
         h = self.wte(idx)                                             # token embeddings h_emb (B, T, C)
         if self.cfg.embed_scale:
             h = h * math.sqrt(self.cfg.n_embd)                        # scaled by sqrt(d) (MeSH paper §4.1)
@@ -667,11 +667,11 @@ class GPT(nn.Module):
                 h = self.converged_forward(h, control, cache, tol)
             else:
                 raise ValueError(f"mode {mode!r} is not one of 'jacobi', 'exact', 'converged'")
-        # recursive: prelude, K loops of the core, coda
-        elif self.cfg.layout:
+        elif self.cfg.layout:                                         # recursive: prelude, K core loops, coda
+            caches = iter(cache.layers) if cache is not None else None   # one per application, in order
             h = self.recursive_forward(h, pos, caches, rec)
         else:                                                         # vanilla: every layer once, in order
-            h = self.run_layers(h, self.layers, pos, caches, rec)
+            h = self.run_layers(h, self.layers, pos, cache.layers if cache is not None else None, rec)
         rec.state("h_out", h)
         logits = self.lm_head(self.ln_f(h))                           # (B, T, V)
         loss = None
@@ -714,8 +714,8 @@ class GPT(nn.Module):
     # ---- depth: recursive transformers (MeSH paper §3) -------------------------------------------------
 
     def recursive_forward(self, h_emb, pos, caches, rec=NO_RECORDER):
-        """h_emb (B, T, C) -> coda output (B, T, C); caches: an iterator of LayerCaches (or Nones), one per
-        layer application in order. The MeSH paper §3.1:
+        """h_emb (B, T, C) -> coda output (B, T, C); caches: an iterator of LayerCaches, one per layer
+        application in order, or None (no KV caches). The MeSH paper §3.1:
 
             h(0) = f_pre(h_emb);  h(t+1) = f_core(h(t)) + h_sup(t), t = 0..K-1;  h_out = f_coda(h(K))
 
@@ -870,7 +870,7 @@ class GPT(nn.Module):
         B, T, C = h_emb.shape
         pos = cache.length if cache is not None else 0
         # self.lower, self.middle, self.upper: the layers below l_start, l_start..l_end, above l_end
-        caches = iter(cache.layers if cache is not None else [None] * len(self.layers))   # in order
+        caches = iter(cache.layers) if cache is not None else None          # one per layer, in order
         # forward the lower layers over all positions at once
         x = self.run_layers(h_emb, self.lower, pos, caches, rec, "lower")
         # the middle layers' KV caches, grown token by token
@@ -916,7 +916,7 @@ class GPT(nn.Module):
                 f"positions: continue it with mode 'exact'"
             )
         cfg = self.cfg
-        caches = iter(cache.layers if cache is not None else [None] * len(self.layers))
+        caches = iter(cache.layers) if cache is not None else None
         x = self.run_layers(h_emb, self.lower, 0, caches)                         # the lower layers
         pre = self.gate.precompute(x)                               # the state-independent part of the gate
         recurrent = None if control is None else (control > 1).unsqueeze(-1)

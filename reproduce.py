@@ -1413,7 +1413,7 @@ def tolerance_run(out_dir, data_dir):
     headers, _, _ = read_log(out_dir)                     # checks that out_dir is a train.py run
     with open(os.path.join(out_dir, "log.jsonl")) as f:
         # the step rows (of a step logged twice by a resumed run, the last)
-        steps = {r["step"]: r for r in map(json.loads, f) if "loss" in r}.values()
+        steps = list({r["step"]: r for r in map(json.loads, f) if "loss" in r}.values())
     model, ckpt = train.load_model(os.path.join(out_dir, "ckpt.pt"), "cpu")
     T = model.cfg.block_size
     meta = train.load_meta(data_dir, T)
@@ -1424,7 +1424,6 @@ def tolerance_run(out_dir, data_dir):
     done = os.path.join(out_dir, "done")
     wall = json.load(open(done))["wall_s"] if os.path.isfile(done) else None
     ms = sorted(r["ms"] for r in steps)
-    steps = list(steps)
     return {"out_dir": out_dir, "seed": headers[-1]["train_config"]["seed"],
             "jacobi_tol": model.cfg.jacobi_tol,
             "steps": ckpt["step"], "wall_s": wall, "median_step_ms": ms[len(ms) // 2],

@@ -577,9 +577,10 @@ def main(argv):
             evaluate_and_save(run, step)
         if last:
             break
-        row = train_step(run, step)
+        logged = step % cfg.log_interval == 0 or step == cfg.max_iters - 1
+        row = train_step(run, step, logged)
         bar.update()
-        if step % cfg.log_interval == 0 or step == cfg.max_iters - 1:
+        if logged:
             eta = (time.time() - t_start) / (step + 1 - run.start_step) * (cfg.max_iters - step - 1)
             run.log(
                 row,
@@ -801,9 +802,10 @@ def evaluate_and_save(run: Run, step: int):
         )
 
 
-def train_step(run: Run, step: int) -> dict:
+def train_step(run: Run, step: int, logged: bool) -> Optional[dict]:
     """One optimizer step: grad_accum micro-steps of forward and backward, gradient clipping, the update.
-    Returns the log row (loss, lr, grad norm, time, throughput; T²MLR: mean middle-layer passes).
+    Returns the log row when `logged` (loss, lr, grad norm, time, throughput; T²MLR: mean middle-layer
+    passes), else None: only a logged step syncs the device for its timing and reads the grad norm.
     Raises RunError, before the update, when the loss is not finite."""
     cfg, model, optimizer, scaler = run.cfg, run.model, run.optimizer, run.scaler
     t0 = time.time()
@@ -845,6 +847,8 @@ def train_step(run: Run, step: int) -> dict:
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
+    if not logged:
+        return None
     if run.device_type == "cuda":
         torch.cuda.synchronize()
     dt = time.time() - t0
