@@ -21,14 +21,13 @@ T²MLR (Transformer with Temporal Middle-Layer Recurrence, arXiv 2607.15178).
     token through the middle layers, with a KV cache plus one recurrent state.
 
 How to read it: GPT.forward embeds idx and picks one branch per variant; read the branch's functions in
-this order (each is short and narrated step by step):
+this order (each is short and narrated step by step; run_layers applies a list of Layers):
     vanilla      forward -> run_layers -> Layer (Attention, MLP)
     recursive    forward -> recursive_forward (a branch per state mode, MeSH's too) -> MeshMemory.write_read
-    T²MLR train  forward -> jacobi_forward -> jacobi_state -> jacobi_sweep -> TemporalGate, update_state,
-                 shift_right
-    T²MLR exact  forward -> exact_forward -> TemporalGate, update_state (LayerCache for the middle layers)
-    generation   generate -> forward (exact mode with an InferenceCache) -> exact_forward (recurrence_chunks:
-                 the control flow); sample_next
+    T²MLR train  forward -> jacobi_forward (the sweeps) -> middle_step (gate, middle layers, state update)
+    T²MLR exact  forward -> exact_forward (the token loop) -> middle_step (with a LayerCache per middle layer)
+    generation   generate -> forward (exact mode with an InferenceCache) -> exact_forward -> middle_step;
+                 sample_next turns the last logits into the next token
 Every branch applies layers with run_layers; the layer groups (prelude/core/coda, lower/middle/upper) are
 lists made once in GPT.__init__.
 test_equivalence.py holds the executable definitions these are checked against (a naive token loop for
@@ -265,11 +264,12 @@ class MeshMemory(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# T²MLR: the gate that fuses the previous token's state, and the state update (both as the reference has them)
+# T²MLR: the gate's parameters (its equations run in GPT.middle_step, together with the state update)
 
 class TemporalGate(nn.Module):
-    """Gated fusion of the recurrent state r = R_{t-1} into the input x of layer l_start (the T²MLR paper;
-    the reference's "gated" mixer, the one all its released scripts use). The direct form:
+    """The parameters of the gated fusion of the recurrent state r = R_{t-1} into the input x of layer l_start
+    (the T²MLR paper; the reference's "gated" mixer, the one all its released scripts use). The direct form,
+    computed in GPT.middle_step:
 
         r~ = W_p r;  g = [x ; r~]
         a_r = σ(A_r g + b_r),  a_x = σ(A_x g + b_x)               per-dimension local gates
@@ -278,7 +278,7 @@ class TemporalGate(nn.Module):
     Speed-up (same values, same 5C² + 2C + 2 parameters): the gates' linear map splits into an x half and an
     r half, A g + b = A^x x + A^r r~ + b, stored as `gates_x` (the x columns of [A_r; A_x] and the biases) and
     `gates_r` (the r~ columns). x is the same in every Jacobi sweep and known for all positions before the
-    token-by-token loop, so `precompute(x)` evaluates the x half once and each sweep or token adds the r half.
+    token-by-token loop, so the forwards evaluate gates_x(x) once and each sweep or token adds the r half.
     """
 
     def __init__(self, n_embd: int):
@@ -288,53 +288,6 @@ class TemporalGate(nn.Module):
         self.gates_r = nn.Linear(n_embd, 2 * n_embd, bias=False)      # [A_r^r; A_x^r] r~
         self.theta_r = nn.Parameter(torch.zeros(1))                   # θ_r, global gate of the state
         self.theta_x = nn.Parameter(torch.zeros(1))                   # θ_x, global gate of the input
-
-    def precompute(self, x):
-        """The speed-up: x (B, T, C) -> (x half of the gate logits (B, T, 2C), γ_r, γ_x), reused by every
-        sweep or token. θ are fp32 master weights and autocast leaves tanh in fp32 (as the reference keeps
-        them)."""
-        return self.gates_x(x), torch.tanh(self.theta_r).to(x.dtype), torch.tanh(self.theta_x).to(x.dtype)
-
-    def forward(self, x, r, pre=None, recurrent=None):
-        """x, r: (B, T, C) -> x' (B, T, C); pre = precompute(x), or None to compute it here.
-        recurrent: (B, T, 1) bool or None (all): x' at recurrent tokens, x unchanged at the others (control
-        flow)."""
-        gates_x, gamma_r, gamma_x = self.precompute(x) if pre is None else pre
-        r = self.proj(r)                                              # r~ = W_p r
-        # σ(A g + b), both gates at once
-        a_r, a_x = torch.sigmoid(gates_x + self.gates_r(r)).chunk(2, dim=-1)
-        mixed = x + gamma_r * a_r * r + gamma_x * a_x * x
-        return mixed if recurrent is None else torch.where(recurrent, mixed, x)
-
-
-def update_state(h, r_prev, residual: bool, detach: bool, recurrent=None):
-    """The recurrent state written at a token from the output h of layer l_end (as the reference writes it):
-
-        residual off:  R_t = h_t
-        residual on:   u_t = h_t + R_{t-1};  s_t = clamp(1 / sqrt(mean(u_t²) + 1e-6), 1/5, 5);
-                       R_t = s_t · u_t
-
-    s_t is computed on detach(u_t), a stop-gradient constant (NOT an nn.RMSNorm: no weight, and the
-    clamp changes values when RMS(u) > 5); it is fp32 because the residual stream stays fp32 under
-    autocast. `detach` stops the gradient along the R chain. h, r_prev: (B, T, C) -> (B, T, C).
-    recurrent: (B, T, 1) bool or None (all): non-recurrent tokens write the raw h_t (control flow).
-    """
-    if not residual:
-        return h
-    u = h + (r_prev.detach() if detach else r_prev)
-    scale = u.detach().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
-    return u * scale if recurrent is None else torch.where(recurrent, u * scale, h)
-
-
-def state_change(new, old):
-    """How much a Jacobi sweep moved the state: max |new - old| / RMS(new), a Python float (jacobi_tol)."""
-    return ((new - old).abs().max() / new.pow(2).mean().sqrt().clamp_min(1e-30)).item()
-
-
-def shift_right(x):
-    """Time shift (B, T, C) -> (B, T, C): position t gets x[t-1], position 0 gets zeros (R_{-1} = 0; never
-    a roll, which would feed the last position's state to position 0)."""
-    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
 
 
 # Control flow (c_t in the T²MLR reference code): per token 0 = padding, 1 = non-recurrent (e.g. a prompt), >=
@@ -631,7 +584,8 @@ class GPT(nn.Module):
         mode (T²MLR only, ignored by the other models): how the recurrence in time is computed.
             "jacobi"     D parallel Jacobi sweeps (as the paper and the reference train): jacobi_forward
             "exact"      token by token through the middle layers (as the reference evaluates): exact_forward
-            "converged"  Jacobi sweeps until the state moves less than `tol` (a prefill): converged_forward
+            "converged"  Jacobi sweeps until the state moves less than `tol` (a prefill): jacobi_forward
+                         with D = T and b = 0
             None         "jacobi" in train() without a cache, else "exact".
         control (T²MLR only): (B, T) ints, 0 padding, 1 non-recurrent, >= 2 recurrent (control flow);
         None = every token recurrent.
@@ -659,12 +613,17 @@ class GPT(nn.Module):
                     "mode 'jacobi' cannot continue a KV cache (its sweeps see the whole sequence at "
                     "once): use mode 'exact' (the default with a cache) or 'converged' for a prompt"
                 )
-            if mode == "jacobi":
+            if mode == "jacobi":                                      # D sweeps (training)
                 h = self.jacobi_forward(h, control, rec)
-            elif mode == "exact":
+            elif mode == "exact":                                     # token by token
                 h = self.exact_forward(h, control, cache, rec)
-            elif mode == "converged":
-                h = self.converged_forward(h, control, cache, tol)
+            elif mode == "converged":                                 # sweeps until exact (or within tol)
+                if cache is not None and cache.length:
+                    raise ValueError(
+                        f"mode 'converged' fills an empty cache (a prompt); this one holds {cache.length} "
+                        f"positions: continue it with mode 'exact'"
+                    )
+                h = self.jacobi_forward(h, control, rec, sweeps=T, grad_sweeps=0, tol=tol, cache=cache)
             else:
                 raise ValueError(f"mode {mode!r} is not one of 'jacobi', 'exact', 'converged'")
         elif self.cfg.layout:                                         # recursive: prelude, K core loops, coda
@@ -761,112 +720,140 @@ class GPT(nn.Module):
 
     # ---- time: T²MLR (Jacobi training, exact recurrence) ------------------------------------
 
-    def jacobi_forward(self, h_emb, control=None, rec=NO_RECORDER):
-        """Parallel T²MLR training by D Jacobi sweeps. h_emb (B, T, C) -> top output (B, T, C).
+    def middle_step(self, x, state, pos=0, caches=None, recurrent=None, gates_x=None, rec=NO_RECORDER):
+        """The recurrent middle of T²MLR, applied to the positions in x (all T of them in a Jacobi sweep, one
+        token at a time in the exact recurrence): each position t mixes the state R_{t-1} it is given into
+        its input of layer l_start, runs the middle layers l_start..l_end, and writes the state R_t from
+        their output h_t.
 
-        A sweep is one pass of the middle layers over all T positions at once, each position reading the
-        state that the previous sweep wrote for the position before it. The start R^(0) = 0 is exact at
-        position 0, and every sweep makes one more position exact (the exactness front):
+        x, state: (B, L, C) (state may be (B, 1, C), broadcast): the input of l_start and R_{t-1} per
+        position. pos: the position of x[:, 0]; caches: the middle layers' LayerCaches (one each, in order)
+        or None.
+        recurrent: (B, L, 1) bool or None (all recurrent): control flow, see above. gates_x: gates_x(x)
+        (B, L, 2C) if already computed (the speed-up), else None. rec gets ("gate", x, x') and the middle
+        layers' (input, output) pairs. Returns (h (B, L, C) the output of l_end, R (B, L, C) the state
+        written at each position).
+        """
+        cfg, g = self.cfg, self.gate
+        # mix: x' = x + tanh(θ_r) · a_r ⊙ r~ + tanh(θ_x) · a_x ⊙ x  (TemporalGate, with its speed-up)
+        r = g.proj(state)                                                       # r~ = W_p R_{t-1}
+        gates_x = g.gates_x(x) if gates_x is None else gates_x                  # A^x x + b
+        a_r, a_x = torch.sigmoid(gates_x + g.gates_r(r)).chunk(2, dim=-1)       # σ(A g + b), both gates
+        # θ are fp32 master weights, and autocast leaves tanh in fp32 (as the reference keeps them)
+        gamma_r, gamma_x = torch.tanh(g.theta_r).to(x.dtype), torch.tanh(g.theta_x).to(x.dtype)
+        x_mixed = x + gamma_r * a_r * r + gamma_x * a_x * x
+        if recurrent is not None:                                     # non-recurrent tokens pass x through
+            x_mixed = torch.where(recurrent, x_mixed, x)
+        rec.update("gate", x, x_mixed)
+        # forward the middle layers
+        h = self.run_layers(x_mixed, self.middle, pos, caches, rec, "middle")
+        # write the state R_t from h_t (as the reference writes it):
+        #   residual off: R_t = h_t
+        #   residual on:  u_t = h_t + R_{t-1};  R_t = s_t · u_t,
+        #                 s_t = clamp(1 / sqrt(mean(u_t²) + 1e-6), 1/5, 5)
+        # s_t is a stop-gradient constant computed on detach(u_t) (NOT an nn.RMSNorm: no weight, and the clamp
+        # changes values when RMS(u) > 5); state_detach also stops the gradient along the R chain.
+        if not cfg.state_residual:
+            return h, h
+        u = h + (state.detach() if cfg.state_detach else state)
+        scale = u.detach().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
+        # non-recurrent tokens write their raw h_t
+        return h, (u * scale if recurrent is None else torch.where(recurrent, u * scale, h))
+
+    def jacobi_forward(self, h_emb, control=None, rec=NO_RECORDER, sweeps=None, grad_sweeps=None, tol=None,
+                       cache=None):
+        """Parallel T²MLR by Jacobi sweeps (as the paper and the reference train). h_emb (B, T, C) -> top
+        output (B, T, C).
+
+        A sweep is one middle_step over all T positions at once, each position reading the state that the
+        previous sweep wrote for the position before it. The start R^(0) = 0 is exact at position 0, and
+        every sweep makes one more position exact (the exactness front):
 
             position:    0  1  2  3            R^(j)[t] = the state fed to token t after j sweeps
             R^(0)        ✓  ·  ·  ·            ✓ = equal to the exact recurrence's R_{t-1}
-            R^(1)        ✓  ✓  ·  ·            sweep j: h = middle(gate(x, R^(j-1))) for all t,
-            R^(2)        ✓  ✓  ✓  ·                     R^(j) = shift_right(update_state(h, R^(j-1)))
+            R^(1)        ✓  ✓  ·  ·            sweep j: h, R = middle_step(x, R^(j-1)) for all t,
+            R^(2)        ✓  ✓  ✓  ·                     R^(j) = R shifted one position right
             R^(3)        ✓  ✓  ✓  ✓
 
         Sweeps 1..D-1 only refine the state; sweep D is the final one, whose middle output goes on to the
         upper layers, so positions < D of the output are exact (all of them when D >= T). The gradient
-        flows through the final sweep and the b = jacobi_grad_sweeps sweeps before it (b + 1 with autograd).
+        flows through the final sweep and the b sweeps before it (b + 1 with autograd).
+        sweeps, grad_sweeps, tol: D, b and the early-stop tolerance; None = the config's jacobi_sweeps,
+        jacobi_grad_sweeps and jacobi_tol (training). tol > 0 stops the sweeps without gradient once one
+        moved the state by at most tol relative to its RMS, max|R^(j) - R^(j-1)| <= tol · RMS(R^(j)); the
+        gradient sweeps always run; tol = 0 runs all of them. The middle passes run are left in
+        self.jacobi_passes (D with no early stop, D + 1 with the plain start).
+        Mode "converged" (a prefill) runs it with D = T, b = 0 and its own tol: exact up to rounding at
+        tol = 0. An empty `cache` then receives every layer's keys and values and the final state R_{T-1}.
+        control (B, T) or None: only tokens with c > 1 are mixed and merged (control flow, above).
         Where it departs from the reference (same values and gradients from the same start): the lower
         layers run once and x is reused by every sweep and by the final one; the reference first runs one
         plain pass of the whole model (for its warm start, jacobi_init "plain") and reruns the whole model
         in the final pass.
-        control (B, T) or None: only tokens with c > 1 are mixed and merged (control flow, above).
         """
         cfg = self.cfg
+        D = cfg.jacobi_sweeps if sweeps is None else sweeps
+        b = cfg.jacobi_grad_sweeps if grad_sweeps is None else grad_sweeps
+        tol = cfg.jacobi_tol if tol is None else tol
+        caches = iter(cache.layers) if cache is not None else None      # one per layer, in order
         # self.lower, self.middle, self.upper: the layers below l_start, l_start..l_end, above l_end
         # forward the lower layers once: their output x is the same in every sweep
-        x = self.run_layers(h_emb, self.lower, 0, recorder=rec, name="lower")
-        # speed-up: the part of the gate that does not depend on the state (gates_x(x), tanh θ), once
-        pre = self.gate.precompute(x)
+        x = self.run_layers(h_emb, self.lower, 0, caches, rec, "lower")
+        # speed-up: the x half of the gate logits, the same in every sweep
+        gates_x = self.gate.gates_x(x)
         recurrent = None if control is None else (control > 1).unsqueeze(-1)   # (B, T, 1) or None
-        # sweeps 1..D-1: refine the state of every position in parallel
-        state = self.jacobi_state(
-            x, pre, recurrent, cfg.jacobi_sweeps - 1, cfg.jacobi_grad_sweeps, cfg.jacobi_tol
-        )
-        # sweep D, the final one: mix the state in, forward the middle layers, then the upper layers
-        x_mixed = self.gate(x, state, pre, recurrent)
-        rec.update("gate", x, x_mixed)
-        h = self.run_layers(x_mixed, self.middle, 0, recorder=rec, name="middle")
-        return self.run_layers(h, self.upper, 0, recorder=rec, name="upper")
 
-    def jacobi_state(self, x, pre, recurrent, sweeps: int, grad_sweeps: int, tol: float = 0.0):
-        """The state R^(sweeps) after `sweeps` Jacobi sweeps from the start R^(0); the last `grad_sweeps` of
-        them with gradient (if grad is enabled), the others without; the start keeps its gradient only when
-        grad_sweeps > sweeps (b = D: the reference keeps its plain pass attached when b >= D).
-        x (B, T, C) -> R (B, T, C); R[:, t] is the state R_{t-1} fed to token t, exact for t <= sweeps.
+        def shift(R):      # R_t written at position t is read by token t + 1; token 0 reads R_{-1} = 0
+            return F.pad(R[:, :-1], (0, 0, 1, 0))
 
-        tol > 0 (jacobi_tol) stops the sweeps without gradient early, once a sweep changed the state by at
-        most tol relative to its RMS: max|R_new - R_old| <= tol · RMS(R_new); the gradient sweeps always
-        run. tol = 0 runs every sweep (bit-identical to no check). The passes of the middle layers actually
-        run, this call's sweeps plus the final sweep (and the plain start's pass), are left in
-        self.jacobi_passes: D with no early stop (D + 1 with the plain start).
-        The start R^(0) (jacobi_init): zeros ("zero", ours), or the reference's warm start ("plain", from its
-        unmixed first pass): R^(0) = shift(h^(0)), h^(0) the middle layers' output on x without mixing (one
-        middle pass more). Both are exact at position 0 only (R_{-1} = 0).
-        Sweep checkpointing (jacobi_checkpoint): the gradient sweeps keep only their inputs and recompute
-        their activations in backward (torch.utils.checkpoint), trading one middle pass per sweep for
-        memory."""
+        def sweep(state):  # one Jacobi sweep: the new state R^(j) from R^(j-1), all positions in parallel
+            return shift(self.middle_step(x, state, 0, None, recurrent, gates_x)[1])
+
+        # the start R^(0): zeros, or the reference's warm start (jacobi_init "plain"): the middle layers'
+        # output on x without mixing, shifted (one middle pass more; it keeps its gradient only when b >= D)
         grad = torch.is_grad_enabled()
-        free = sweeps - min(grad_sweeps, sweeps)                               # sweeps without gradient
-        # the reference detaches h^(0) if b < D
-        with torch.set_grad_enabled(grad and grad_sweeps > sweeps):
-            plain = self.cfg.jacobi_init == "plain"
-            # R^(0)
-            state = shift_right(self.run_layers(x, self.middle, 0)) if plain else torch.zeros_like(x)
-        # the final sweep, the plain start
-        passes = 1 + (self.cfg.jacobi_init == "plain")
-        with torch.no_grad():                                                  # the sweeps without gradient
-            for _ in range(free):
-                new, passes = self.jacobi_sweep(x, state, pre, recurrent), passes + 1
-                converged = tol > 0 and state_change(new, state) <= tol
+        if cfg.jacobi_init == "plain":
+            with torch.set_grad_enabled(grad and b >= D):
+                state = shift(self.run_layers(x, self.middle, 0))
+        else:
+            state = torch.zeros_like(x)
+        self.jacobi_passes = 1 + (cfg.jacobi_init == "plain")          # the final sweep, the plain start
+        # sweeps 1..D-1-b refine the state without gradient (and stop early once it moves less than tol)
+        with torch.no_grad():
+            for _ in range(D - 1 - min(b, D - 1)):
+                new, self.jacobi_passes = sweep(state), self.jacobi_passes + 1
+                converged = tol > 0 and (new - state).abs().max() <= tol * new.pow(2).mean().sqrt()
                 state = new
-                if converged:                                                  # jacobi_tol: stop early
+                if converged:
                     break
-        for _ in range(sweeps - free):                                         # the b sweeps with gradient
-            if grad and self.cfg.jacobi_checkpoint:
-                state = checkpoint(self.jacobi_sweep, x, state, pre, recurrent, use_reentrant=False)
+        # the last b sweeps before the final one keep their gradient (checkpointed: recomputed in backward)
+        for _ in range(min(b, D - 1)):
+            if grad and cfg.jacobi_checkpoint:
+                state = checkpoint(sweep, state, use_reentrant=False)
             else:
-                state = self.jacobi_sweep(x, state, pre, recurrent)
-            passes += 1
-        self.jacobi_passes = passes
-        return state
-
-    def jacobi_sweep(self, x, state, pre, recurrent):
-        """One Jacobi sweep (a "partial iteration" in the reference), all positions in parallel:
-
-            R -> shift_right(update_state(middle(gate(x, R)), R))
-
-        x, state: (B, T, C); pre = gate.precompute(x); recurrent: (B, T, 1) or None."""
-        cfg = self.cfg
-        h = self.run_layers(self.gate(x, state, pre, recurrent), self.middle, 0)         # the middle layers
-        # R_t from each position's output, shifted one position right: token t reads R_{t-1}, token 0 zeros
-        return shift_right(update_state(h, state, cfg.state_residual, cfg.state_detach, recurrent))
+                state = sweep(state)
+            self.jacobi_passes += 1
+        # sweep D, the final one: its middle output goes on (and fills the middle layers' caches)
+        h, R = self.middle_step(x, state, 0, caches, recurrent, gates_x, rec)
+        rec.state("R", R)
+        if cache is not None:
+            cache.state = R[:, -1:]                         # R_{T-1}: decoding continues from it
+        # forward the upper layers
+        return self.run_layers(h, self.upper, 0, caches, rec, "upper")
 
     def exact_forward(self, h_emb, control=None, cache=None, rec=NO_RECORDER):
         """The exact T²MLR recurrence (as the paper defines it and the reference evaluates).
         h_emb (B, T, C) -> top output (B, T, C).
 
-        The lower layers run in parallel over all T positions, the middle layers token by token, each
-        token reading the state R_{t-1} written by the token before it (R_{-1} = 0), and the upper layers
-        in parallel again. The middle layers need KV caches (a token attends to the keys of the tokens
+        The lower layers run in parallel over all T positions, the middle layers token by token (middle_step),
+        each token reading the state R_{t-1} written by the token before it (R_{-1} = 0), and the upper
+        layers in parallel again. The middle layers need KV caches (a token attends to the keys of the tokens
         before it); with `cache` (generation) every layer uses its own and the state continues from
         cache.state, without one the middle layers get caches for this call only.
         control (B, T) or None: tokens with c > 1 are mixed and merged, the others pass through and write
         their raw h. A span where no row is recurrent needs no state, so it goes through the middle layers
         in one parallel chunk (a prompt); recurrent tokens go one at a time.
         """
-        cfg = self.cfg
         B, T, C = h_emb.shape
         pos = cache.length if cache is not None else 0
         # self.lower, self.middle, self.upper: the layers below l_start, l_start..l_end, above l_end
@@ -875,75 +862,30 @@ class GPT(nn.Module):
         x = self.run_layers(h_emb, self.lower, pos, caches, rec, "lower")
         # the middle layers' KV caches, grown token by token
         middle_caches = [next(caches) if cache is not None else LayerCache(T) for _ in self.middle]
-        # speed-up: the part of the gate that does not depend on the state (gates_x(x), tanh θ), all positions
-        gates_x, gamma_r, gamma_x = self.gate.precompute(x)
+        # speed-up: the x half of the gate logits, once for all positions
+        gates_x = self.gate.gates_x(x)
         recurrent = None if control is None else (control > 1).unsqueeze(-1)   # (B, T, 1) or None
         state = cache.state if cache is not None and cache.state is not None else x.new_zeros(B, 1, C)
-        # the recurrence: one token at a time (a span that no row runs recurrently: one chunk)
-        chunks = [(t, t + 1) for t in range(T)] if recurrent is None else self.recurrence_chunks(recurrent, T)
-        outputs = []
-        for t, end in chunks:
-            chunk = recurrent[:, t:end] if recurrent is not None else None
-            # mix the state R_{t-1} into the input of layer l_start
-            x_mixed = self.gate(x[:, t:end], state, (gates_x[:, t:end], gamma_r, gamma_x), chunk)
-            # forward the middle layers on this token, attending to the cached keys of the tokens before
-            h_t = self.run_layers(x_mixed, self.middle, pos + t, middle_caches)
-            # write the state R_t from the output of layer l_end
-            last = None if chunk is None else chunk[:, -1:]
-            state = update_state(h_t[:, -1:], state, cfg.state_residual, cfg.state_detach, last)
+        # the chunks: one token each, except that a span in which no row reads the state (no row is
+        # recurrent) is one chunk: a chunk starts at every recurrent token and after every recurrent token
+        reads = [True] * T if recurrent is None else recurrent.any(dim=0).view(-1).tolist()
+        starts = [t for t in range(T) if t == 0 or reads[t] or reads[t - 1]]
+        outputs, written = [], []
+        for t, end in zip(starts, starts[1:] + [T]):
+            chunk = None if recurrent is None else recurrent[:, t:end]
+            # mix R_{t-1} in, forward the middle layers on this token (attending to the cached keys of the
+            # tokens before it), write R_t
+            h_t, R_t = self.middle_step(x[:, t:end], state, pos + t, middle_caches, chunk, gates_x[:, t:end])
+            state = R_t[:, -1:]
             outputs.append(h_t)
+            written.append(R_t)
         if cache is not None:
             cache.state = state
         h = torch.cat(outputs, dim=1)
         rec.update("middle", x, h)
+        rec.state("R", torch.cat(written, dim=1))
         # forward the upper layers over all positions at once
         return self.run_layers(h, self.upper, pos, caches, rec, "upper")
-
-    def converged_forward(self, h_emb, control=None, cache=None, tol: float = 0.0):
-        """Parallel Jacobi prefill: the exact recurrence computed by Jacobi sweeps over all T positions at
-        once, until the state moves by at most `tol` (relative, see jacobi_state) or after T sweeps, when
-        every position is exact by construction (the exactness front). h_emb (B, T, C) -> top output (B, T,
-        C).
-
-        tol = 0 equals exact_forward up to rounding (and jacobi_forward with D = T bit for bit); tol > 0
-        trades a bounded error for fewer sweeps. A per-token loop pays per-op latency T times, the sweeps
-        only as often as needed to converge: the gain where latency dominates (GPUs, long prompts).
-        With an empty `cache` it also stores every layer's keys and values and the final state R_{T-1}, so
-        decoding continues exactly. Raises ValueError for a cache that already holds positions."""
-        if cache is not None and cache.length:
-            raise ValueError(
-                f"mode 'converged' fills an empty cache (a prompt); this one holds {cache.length} "
-                f"positions: continue it with mode 'exact'"
-            )
-        cfg = self.cfg
-        caches = iter(cache.layers) if cache is not None else None
-        x = self.run_layers(h_emb, self.lower, 0, caches)                         # the lower layers
-        pre = self.gate.precompute(x)                               # the state-independent part of the gate
-        recurrent = None if control is None else (control > 1).unsqueeze(-1)
-        # sweeps 1..T-1 (or fewer, when converged), then the final sweep writes the middle layers' caches
-        state = self.jacobi_state(x, pre, recurrent, h_emb.shape[1] - 1, 0, tol)   # R[:, t] = R_{t-1}
-        h = self.run_layers(self.gate(x, state, pre, recurrent), self.middle, 0, caches)
-        if cache is not None:                    # R_{T-1} = update(h_{T-1}, R_{T-2}), R_{T-2} = R[:, T-1]
-            last = None if recurrent is None else recurrent[:, -1:]
-            cache.state = update_state(h[:, -1:], state[:, -1:], cfg.state_residual, cfg.state_detach, last)
-        return self.run_layers(h, self.upper, 0, caches)                          # the upper layers
-
-    @staticmethod
-    def recurrence_chunks(recurrent, T):
-        """[(start, end), ...] covering 0..T: one token per step, except that a maximal span in which no row
-        is recurrent is one chunk (its tokens do not read the state, so they can run in parallel)."""
-        if recurrent is None:
-            return [(t, t + 1) for t in range(T)]
-        any_row = recurrent.any(dim=0).view(-1).tolist()     # per position: is some row recurrent?
-        chunks, t = [], 0
-        while t < T:
-            end = t + 1
-            if not any_row[t]:
-                while end < T and not any_row[end]:
-                    end += 1
-            chunks.append((t, end))
-            t = end
-        return chunks
 
     # ---- generation ------------------------------------------------------------
 
@@ -976,7 +918,7 @@ class GPT(nn.Module):
         output), as the reference generates, unless recurrent_prompt=True (c = 2 everywhere, which equals
         control=None: how train.py trains on plain text). prefill (T²MLR): how the prompt is processed:
         "exact" (token by token) or "converged" (parallel Jacobi sweeps until the state moves less than
-        prefill_tol, converged_forward; 0 = exact up to rounding). Decoding, and the recompute of a slid
+        prefill_tol, jacobi_forward; 0 = exact up to rounding). Decoding, and the recompute of a slid
         window, are always exact (a converged recompute of every window would cost up to block_size sweeps
         per new token).
         """
@@ -994,7 +936,7 @@ class GPT(nn.Module):
         window = self.cfg.block_size
         control = torch.full_like(idx, 2 if recurrent_prompt else 1)   # (B, T), grows with idx
         # process the prompt (its last block_size tokens), filling every layer's KV cache (and T²MLR's state)
-        cache = self.new_cache()
+        cache = InferenceCache(self.cfg.n_unrolled, window)   # a LayerCache per layer application, T²MLR's R
         logits, _ = self(
             idx[:, -window:], mode=prefill, cache=cache, control=control[:, -window:], tol=prefill_tol
         )

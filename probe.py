@@ -30,7 +30,7 @@ import sys
 
 import torch
 
-from model import GPTConfig, Recorder, shift_right, update_state
+from model import GPTConfig, Recorder
 from train import RunError, get_batch, load_meta, load_model, val_starts
 
 
@@ -137,41 +137,33 @@ def depth_probe(model, idx):
 def t2mlr_probe(model, idx):
     """T²MLR in exact mode, per layer. idx (B, T) -> (units, units with R ≡ 0, states).
 
-    forward(recorder=...) in exact mode reports the middle layers as one unit, so it is split here: given the
-    gate outputs x'_t = gate(x_t, R_{t−1}) of all positions, the token-by-token pass through the middle layers
-    (each token attending to the cached keys of earlier tokens) equals one causal parallel pass over x'. The
-    states R_t follow from the middle outputs h_t by the model's own update_state (the T²MLR reference code's
-    R_t = s·(h_t + R_{t−1}) with a clamped stop-gradient RMS scale s). The result is checked against the exact
-    forward. Unit names use global layer indices, "gate" sits before l_start.
+    forward(recorder=...) in exact mode reports the middle layers as one unit (they run token by token), and
+    the states R_t every token wrote. So the middle is split here: given the states R_{t−1} of all positions,
+    the token-by-token pass through the middle layers (each token attending to the cached keys of earlier
+    tokens) equals one causal parallel middle_step over all positions, which reports the gate and each
+    layer. The result is checked against the exact forward. Unit names use global layer indices, "gate"
+    sits before l_start.
     """
-    cfg = model.cfg
-    start, end = cfg.recurrent_layers
-    middle, upper = model.middle, model.upper
+    start, _ = model.cfg.recurrent_layers
     rec = Recorder()
     model(idx, mode="exact", recorder=rec)
     lower_units = [(f"layer{i}", h, f_h) for i, (_, h, f_h) in enumerate(rec.updates[:start])]
     x, h_middle = next((h, f_h) for name, h, f_h in rec.updates if name == "middle")
-    r, states_r = x.new_zeros(x.shape[0], 1, x.shape[2]), []
-    for t in range(x.shape[1]):                          # R_t = update(h_t, R_{t-1}), R_{-1} = 0
-        r = update_state(h_middle[:, t:t + 1], r, cfg.state_residual, cfg.state_detach)
-        states_r.append(r)
-    r_prev = shift_right(torch.cat(states_r, dim=1))     # R_{t-1} at position t
+    written = rec.states["R"]                                                     # R_t, (B, T, C)
+    r_prev = torch.cat([torch.zeros_like(written[:, :1]), written[:, :-1]], dim=1)   # R_{t-1} at position t
 
     def upper_part(r_prev):
-        """gate, middle layers and upper layers, each as a block, with the recurrent
-        state r_prev (B, T, C)."""
+        """gate, middle layers and upper layers, each as a unit, with the recurrent state r_prev (B, T, C)."""
         run = Recorder()
-        x_mixed = model.gate(x, r_prev)
-        h = model.run_layers(x_mixed, middle, 0, recorder=run)
-        model.run_layers(h, upper, 0, recorder=run)
-        return [("gate", x, x_mixed)] + [
-            (f"layer{start + i}", h, f_h) for i, (_, h, f_h) in enumerate(run.updates)
-        ]
+        h, _ = model.middle_step(x, r_prev, rec=run)
+        model.run_layers(h, model.upper, 0, recorder=run)
+        gate, layers = run.updates[0], run.updates[1:]
+        return [gate] + [(f"layer{start + i}", h, f_h) for i, (_, h, f_h) in enumerate(layers)]
 
     units, units_no_state = lower_units + upper_part(r_prev), lower_units + upper_part(
         torch.zeros_like(x)
     )
-    h_check = units[start + len(middle)][2]             # the output of layer l_end
+    h_check = units[start + len(model.middle)][2]             # the output of layer l_end
     if not torch.allclose(h_check, h_middle, rtol=1e-4, atol=1e-4 * h_middle.abs().max().item()):
         raise RuntimeError(
             "the per-layer reconstruction of the T²MLR middle layers disagrees with exact_forward "

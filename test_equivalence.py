@@ -14,7 +14,7 @@ Run: python -m pytest -q test_equivalence.py
 import pytest
 import torch
 
-from model import GPT, GPTConfig, shift_right, summary, update_state
+from model import GPT, GPTConfig, summary
 
 
 @pytest.fixture(autouse=True)
@@ -202,9 +202,29 @@ def test_pythia_total_and_summary():
 # -----------------------------------------------------------------------------
 # T²MLR
 
+def gate_direct(gate, x, r):
+    """The gate in the T²MLR paper's direct form, written apart from model.py's split one:
+    r~ = W_p r, g = [x ; r~], [a_r; a_x] = σ(A g + b), x' = x + tanh(θ_r) a_r ⊙ r~ + tanh(θ_x) a_x ⊙ x,
+    with A assembled from the stored x and r~ columns. x, r: (B, T, C) -> (B, T, C)."""
+    r = gate.proj(r)
+    A = torch.cat([gate.gates_x.weight, gate.gates_r.weight], dim=1)           # (2C, 2C) acting on [x ; r~]
+    a_r, a_x = torch.sigmoid(torch.cat([x, r], dim=-1) @ A.T + gate.gates_x.bias).chunk(2, dim=-1)
+    return x + torch.tanh(gate.theta_r) * a_r * r + torch.tanh(gate.theta_x) * a_x * x
+
+
+def update_direct(h, r_prev, residual):
+    """The reference's state update: R_t = h_t (residual off) or R_t = s·(h_t + R_{t-1}) with
+    s = clamp(1 / sqrt(mean((h_t + R_{t-1})²) + 1e-6), 1/5, 5) on detached values. (B, T, C) -> (B, T, C)."""
+    if not residual:
+        return h
+    u = h + r_prev
+    return u * torch.clamp(1 / torch.sqrt(u.detach().pow(2).mean(-1, keepdim=True) + 1e-6), 0.2, 5.0)
+
+
 def naive_t2mlr_logits(model, idx):
     """The obvious O(T²) recurrence: for each t, run the FULL stack on idx[:, :t+1] with the known states
-    R_{-1}..R_{t-1} injected at l_start, read h_t at l_end, and set R_t = update_state(h_t, R_{t-1})."""
+    R_{-1}..R_{t-1} injected at l_start (gate_direct), read h_t at l_end, and set R_t = update_direct(h_t,
+    R_{t-1})."""
     cfg = model.cfg
     lower, middle, upper = model.lower, model.middle, model.upper
     B, T = idx.shape
@@ -213,8 +233,8 @@ def naive_t2mlr_logits(model, idx):
     for t in range(T):
         h = model.wte(idx[:, :t + 1]) * cfg.n_embd ** 0.5
         h = model.run_layers(h, lower, 0)
-        h = model.run_layers(model.gate(h, torch.cat(states, dim=1)), middle, 0)
-        states.append(update_state(h[:, -1:], states[-1], cfg.state_residual, cfg.state_detach))
+        h = model.run_layers(gate_direct(model.gate, h, torch.cat(states, dim=1)), middle, 0)
+        states.append(update_direct(h[:, -1:], states[-1], cfg.state_residual))
         logits.append(model.lm_head(model.ln_f(model.run_layers(h, upper, 0)))[:, -1:])
     return torch.cat(logits, dim=1)
 
@@ -300,21 +320,46 @@ def test_batch_rows_are_independent():
         assert torch.allclose(together, alone, atol=1e-12, rtol=0), mode
 
 
-def test_shift_pads_with_zeros_never_rolls():
-    x = torch.arange(6.0).view(1, 3, 2)
-    assert torch.equal(shift_right(x), torch.tensor([[[0.0, 0.0], [0.0, 1.0], [2.0, 3.0]]]))
+def identity_middle(model):
+    """Zero the middle layers' output projections (attention out, MLP down): each middle layer is then the
+    identity, so middle_step's h equals its mixed input."""
+    with torch.no_grad():
+        for layer in model.middle:
+            for linear in (layer.attn.proj, layer.mlp.down):
+                linear.weight.zero_()
+                if linear.bias is not None:
+                    linear.bias.zero_()
+    return model
 
 
 def test_state_update_clamps_its_stop_gradient_scale():
-    """R = s·(h + R_prev) with s = clamp(1/rms, 0.2, 5) on detached values (the T²MLR reference's update)."""
-    h = torch.full((1, 1, 4), 10.0, requires_grad=True)             # rms 10 -> s = 0.1, clamped to 0.2
-    r = update_state(h, torch.zeros(1, 1, 4), residual=True, detach=False)
-    assert torch.allclose(r, torch.full((1, 1, 4), 2.0))
+    """middle_step writes R = s·(h + R_prev), s = clamp(1/rms, 0.2, 5) on detached values (the T²MLR
+    reference's update): with identity middle layers and closed global gates, h = x."""
+    model = identity_middle(build(**VARIANTS["t2mlr_llama"]))
+    with torch.no_grad():
+        model.gate.theta_r.zero_()
+        model.gate.theta_x.zero_()
+    x = torch.full((1, 1, 32), 10.0, requires_grad=True)            # rms 10 -> s = 0.1, clamped to 0.2
+    h, r = model.middle_step(x, torch.zeros(1, 1, 32))
+    assert torch.equal(h, x) and torch.allclose(r, torch.full((1, 1, 32), 2.0), atol=1e-14, rtol=0)
     r.sum().backward()
-    assert torch.allclose(h.grad, torch.full((1, 1, 4), 0.2))     # the scale is a constant for autograd
-    small = update_state(torch.full((1, 1, 4), 0.5), torch.zeros(1, 1, 4), residual=True, detach=False)
-    # s = 1/sqrt(0.25 + 1e-6)
-    assert torch.allclose(small, torch.full((1, 1, 4), 1 / 1.000004 ** 0.5), atol=1e-15, rtol=0)
+    assert torch.allclose(x.grad, torch.full((1, 1, 32), 0.2))     # the scale is a constant for autograd
+    _, small = model.middle_step(torch.full((1, 1, 32), 0.25), torch.full((1, 1, 32), 0.25))
+    # u = 0.5, s = 1/sqrt(0.25 + 1e-6)
+    assert torch.allclose(small, torch.full((1, 1, 32), 0.5 / 0.250001 ** 0.5), atol=1e-15, rtol=0)
+    model.cfg.state_residual = False                                # R_t = h_t, the raw l_end output
+    assert torch.equal(model.middle_step(x, torch.ones(1, 1, 32))[1], x)
+
+
+def test_middle_step_gate_equals_the_direct_form():
+    """middle_step's split gate (x half + r half, masked by control flow) equals gate_direct at recurrent
+    positions and passes x through at the others."""
+    model = identity_middle(build(**VARIANTS["t2mlr_llama"]))
+    x, r = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    recurrent = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool).unsqueeze(-1)
+    h, _ = model.middle_step(x, r, recurrent=recurrent, gates_x=model.gate.gates_x(x))
+    want = torch.where(recurrent, gate_direct(model.gate, x, r), x)
+    assert (h - want).abs().max() <= 1e-14 and (h - x)[recurrent.expand_as(x)].abs().min() > 0
 
 
 def test_retrofit_from_a_vanilla_checkpoint(tmp_path):
@@ -358,12 +403,12 @@ def naive_control_logits(model, idx, control):
     logits = []
     for t in range(T):
         x = model.run_layers(model.wte(idx[:, :t + 1]) * cfg.n_embd ** 0.5, lower, 0)
-        mixed = model.gate(x, torch.cat(states, dim=1))
+        mixed = gate_direct(model.gate, x, torch.cat(states, dim=1))
         is_rec = (control[:, :t + 1] >= 2)[..., None].to(x.dtype)
         h = model.run_layers(is_rec * mixed + (1 - is_rec) * x, middle, 0)
         h_t, rec_t = h[:, -1:], is_rec[:, -1:]
         states.append(
-            rec_t * update_state(h_t, states[-1], cfg.state_residual, cfg.state_detach) + (1 - rec_t) * h_t
+            rec_t * update_direct(h_t, states[-1], cfg.state_residual) + (1 - rec_t) * h_t
         )
         logits.append(model.lm_head(model.ln_f(model.run_layers(h, upper, 0)))[:, -1:])
     return torch.cat(logits, dim=1)
@@ -447,7 +492,7 @@ def test_recurrent_token_after_a_prompt_receives_its_raw_h():
     lower, middle, upper = model.lower, model.middle, model.upper
     x = model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, lower, 0)
     h0 = model.run_layers(x[:, :1], middle, 0)                      # position 0: not mixed
-    h = model.run_layers(torch.cat([x[:, :1], model.gate(x[:, 1:], h0)], dim=1), middle, 0)
+    h = model.run_layers(torch.cat([x[:, :1], gate_direct(model.gate, x[:, 1:], h0)], dim=1), middle, 0)
     expected = model.lm_head(model.ln_f(model.run_layers(h, upper, 0)))
     got = model(idx, mode="exact", control=torch.tensor([[1, 2]]))[0]
     assert (got - expected).abs().max() <= 1e-12

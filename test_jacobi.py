@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bench import SavedTensorMeter
-from model import GPT, GPTConfig, shift_right, update_state
+from model import GPT, GPTConfig
 
 TINY_LLAMA = dict(
     vocab_size=64,
@@ -51,31 +51,44 @@ def tokens(B=3, T=24, seed=1):
     return torch.randint(0, 64, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
+def shift(R):
+    """R_t at position t -> read by position t + 1; position 0 reads zeros (R_{-1} = 0)."""
+    return torch.cat([torch.zeros_like(R[:, :1]), R[:, :-1]], dim=1)
+
+
+def lower_output(model, idx):
+    """x, the input of layer l_start, (B, T, C)."""
+    return model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, model.lower, 0)
+
+
+def logits_from_state(model, x, state, gates_x=None, recurrent=None):
+    """The final sweep from a given state R^(D-1): middle_step, the upper layers and the head."""
+    h, _ = model.middle_step(x, state, recurrent=recurrent, gates_x=gates_x)
+    return model.lm_head(model.ln_f(model.run_layers(h, model.upper, 0)))
+
+
 def fixed_d_logits(model, idx, control=None):
     """Jacobi with a fixed D written out as the loop it was before jacobi_tol existed: D-1 sweeps from
     R = 0, the last b with gradient, then the final pass (the slow obvious reference for tol = 0)."""
     cfg = model.cfg
     grad = torch.is_grad_enabled()
-    x = model.run_layers(model.wte(idx) * cfg.n_embd ** 0.5, model.lower, 0)
-    pre, recurrent = model.gate.precompute(x), None if control is None else (control > 1).unsqueeze(-1)
+    x = lower_output(model, idx)
+    gates_x, recurrent = model.gate.gates_x(x), None if control is None else (control > 1).unsqueeze(-1)
     state = torch.zeros_like(x)
     for d in range(cfg.jacobi_sweeps - 1):
         with torch.set_grad_enabled(grad and cfg.jacobi_sweeps - 1 - d <= cfg.jacobi_grad_sweeps):
-            h = model.run_layers(model.gate(x, state, pre, recurrent), model.middle, 0)
-            state = shift_right(update_state(h, state, cfg.state_residual, cfg.state_detach, recurrent))
-    h = model.run_layers(model.gate(x, state, pre, recurrent), model.middle, 0)
-    return model.lm_head(model.ln_f(model.run_layers(h, model.upper, 0)))
+            state = shift(model.middle_step(x, state, recurrent=recurrent, gates_x=gates_x)[1])
+    return logits_from_state(model, x, state, gates_x, recurrent)
 
 
 def sweep_changes(model, idx, sweeps):
-    """`sweeps` Jacobi sweeps by hand: (states R^(0..sweeps), changes max|R^(k) - R^(k-1)| / RMS(R^(k)))"""
-    x = model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, model.lower, 0)
-    pre = model.gate.precompute(x)
-    states, changes = [model.jacobi_state(x, pre, None, 0, 0)], []                # R^(0)
+    """`sweeps` Jacobi sweeps by hand: (x, states R^(0..sweeps), changes max|R^(k) - R^(k-1)| / RMS(R^(k)))"""
+    x = lower_output(model, idx)
+    states, changes = [torch.zeros_like(x)], []                                   # R^(0)
     for _ in range(sweeps):
-        states.append(model.jacobi_sweep(x, states[-1], pre, None))
+        states.append(shift(model.middle_step(x, states[-1])[1]))
         changes.append(((states[-1] - states[-2]).abs().max() / states[-1].pow(2).mean().sqrt()).item())
-    return x, pre, states, changes
+    return x, states, changes
 
 
 # -----------------------------------------------------------------------------
@@ -108,12 +121,12 @@ def test_tol_stop_is_within_the_bound_it_implies(tol):
     )
     idx = tokens(T=T)
     with torch.no_grad():
-        x, pre, states, changes = sweep_changes(model, idx, T - 1)
+        x, states, changes = sweep_changes(model, idx, T - 1)
         k = next(i for i, c in enumerate(changes, start=1) if c <= tol)            # sweeps until the stop
-        state = model.jacobi_state(x, pre, None, T - 1, 0, tol)
-    # k sweeps + the final pass
-    assert model.jacobi_passes == k + 1 < T
-    assert torch.equal(state, states[k])
+        logits = model(idx, mode="jacobi")[0]
+        # k sweeps + the final pass, which started from R^(k)
+        assert model.jacobi_passes == k + 1 < T
+        assert torch.equal(logits, logits_from_state(model, x, states[k], model.gate.gates_x(x)))
     # Δ_{k+1}, Δ_{k+2}, ...
     deltas = [(b - a).abs().max().item() for a, b in zip(states[k:], states[k + 1:])]
     # float64 rounding of O(1) states: ratios below it are noise
@@ -122,7 +135,7 @@ def test_tol_stop_is_within_the_bound_it_implies(tol):
     rho = max(b / a for a, b in zip(deltas, deltas[1:]))          # the contraction factor ρ
     assert rho < 1
     bound = tol * states[k].pow(2).mean().sqrt().item() * rho / (1 - rho) + T * floor
-    error = (state - states[-1]).abs().max().item()
+    error = (states[k] - states[-1]).abs().max().item()   # the stop's state vs the converged one
     assert 0 < error <= bound, (error, bound, k, rho)
 
 
@@ -257,13 +270,17 @@ def test_exactness_front_is_at_d_for_both_starts(init):
 
 
 def test_plain_start_is_the_shifted_unmixed_middle_pass():
-    """R^(0) = shift(h^(0)), h^(0) the middle layers on x without mixing (the reference's plain pass)."""
-    model = build(jacobi_init="plain")
+    """R^(0) = shift(h^(0)), h^(0) the middle layers on x without mixing (the reference's plain pass): with
+    D = 1 the final sweep starts from it."""
+    model = build(jacobi_init="plain", jacobi_sweeps=1, jacobi_grad_sweeps=0)
+    idx = tokens()
     with torch.no_grad():
-        x = model.run_layers(model.wte(tokens()) * model.cfg.n_embd ** 0.5, model.lower, 0)
-        start = model.jacobi_state(x, model.gate.precompute(x), None, 0, 0)          # R^(0): no sweeps
-        want = shift_right(model.run_layers(x, model.middle, 0))
-    assert torch.equal(start, want) and start[:, 0].abs().max() == 0
+        x = lower_output(model, idx)
+        start = shift(model.run_layers(x, model.middle, 0))                            # R^(0)
+        want = logits_from_state(model, x, start, model.gate.gates_x(x))
+        zero = logits_from_state(model, x, torch.zeros_like(x), model.gate.gates_x(x))
+        assert torch.equal(model(idx, mode="jacobi")[0], want) and model.jacobi_passes == 2
+    assert (want - zero)[:, 1:].abs().max() > 1e-6                                  # the start matters
 
 
 def test_flop_count_follows_the_options():

@@ -262,15 +262,14 @@ def test_t2mlr_gate_initialisation():
     assert gate.theta_r.item() == 0 and gate.theta_x.item() == 0
     for weight in (gate.gates_x.weight, gate.gates_r.weight):
         assert abs(weight.std().item() / math.sqrt(2 / (3 * C)) - 1) < 0.02
-    assert gate.gates_x.bias.abs().max() <= 1 / math.sqrt(
-        2 * C
-    ) and gate.gates_x.bias.std() > 0.5 / math.sqrt(6 * C)
-    assert gate.proj.weight.abs().max() <= 1 / math.sqrt(C) and gate.proj.weight.std() > 0.9 / math.sqrt(
-        3 * C
-    )
+    bias = gate.gates_x.bias
+    assert bias.abs().max() <= 1 / math.sqrt(2 * C) and bias.std() > 0.5 / math.sqrt(6 * C)
+    W_p = gate.proj.weight
+    assert W_p.abs().max() <= 1 / math.sqrt(C) and W_p.std() > 0.9 / math.sqrt(3 * C)
     assert model.param_counts()["gate"] == 5 * C * C + 2 * C + 2
-    x = torch.randn(2, 5, C)
-    assert torch.equal(gate(x, torch.randn(2, 5, C)), x)
+    x, rec = torch.randn(2, 5, C), Recorder()
+    model.middle_step(x, torch.randn(2, 5, C), rec=rec)
+    assert rec.updates[0][0] == "gate" and torch.equal(rec.updates[0][2], x)    # the mixed input is x
 
 
 def test_rotary_is_a_relative_position_encoding():
