@@ -1,10 +1,12 @@
 """
 One file, every variant: a vanilla GPT, recursive transformers with MeSH, and T²MLR.
 
-Notation (one meaning each; the README's glossary maps them to the papers): B batch, T sequence length,
-C = n_embd (the papers' d), V vocabulary; K loops of the core, n_slots MeSH slots (the MeSH paper's B);
-D Jacobi sweeps per training step (the final one included), b sweeps before the final one that keep
-gradient; R_t the T²MLR recurrent state, R^(j) the states of all positions after j sweeps.
+Notation (the README's glossary maps it to the papers): B batch, T sequence length (with a KV cache: the
+new positions of a call), C = n_embd (the papers' d), V vocabulary, hs head size; K loops of the core,
+n_slots MeSH slots (the MeSH paper's B); D Jacobi sweeps per training step (the final one included), b
+sweeps before the final one that keep gradient; R_t the T²MLR recurrent state, R^(j) the states of all
+positions after j sweeps. t follows each paper: the loop index in MeSH's h(t), the token index in
+T²MLR's R_t. In a layout "P+CRK+Q" (the MeSH paper's notation) P, C, Q count layers.
 
 MeSH (Yu et al., "MeSH: Memory-as-State-Highways for Recursive Transformers", arXiv 2510.07739).
     A recursive transformer runs a prelude, then ONE weight-shared core (a stack of layers) K times (the
@@ -21,15 +23,17 @@ T²MLR (Transformer with Temporal Middle-Layer Recurrence, arXiv 2607.15178).
     token through the middle layers, with a KV cache plus one recurrent state.
 
 How to read it: GPT.forward embeds idx and picks one branch per variant; read the branch's functions in
-this order (each is short and narrated step by step; run_layers applies a list of Layers):
-    vanilla      forward -> run_layers -> Layer (Attention, MLP)
+this order (each is short and narrated step by step). Every branch applies its layers with run_layers ->
+Layer (Attention with rotary and its LayerCache, MLP); the layer groups (prelude/core/coda,
+lower/middle/upper) are lists made once in GPT.__init__.
+    vanilla      forward -> run_layers
     recursive    forward -> recursive_forward (a branch per state mode, MeSH's too) -> MeshMemory.write_read
-    T²MLR train  forward -> jacobi_forward (the sweeps) -> middle_step (gate, middle layers, state update)
-    T²MLR exact  forward -> exact_forward (the token loop) -> middle_step (with a LayerCache per middle layer)
+    T²MLR train  forward -> jacobi_forward (the start, the sweeps, the final sweep) -> middle_step (the
+                 gate, the middle layers, the state update; TemporalGate holds the gate's parameters)
+    T²MLR exact  forward -> exact_forward (the token loop) -> middle_step
     generation   generate -> forward (exact mode with an InferenceCache) -> exact_forward -> middle_step;
-                 sample_next turns the last logits into the next token
-Every branch applies layers with run_layers; the layer groups (prelude/core/coda, lower/middle/upper) are
-lists made once in GPT.__init__.
+                 sample_next turns the last logits into the next token (a converged prefill:
+                 forward -> jacobi_forward)
 test_equivalence.py holds the executable definitions these are checked against (a naive token loop for
 T²MLR, one-hot MeSH routing that reproduces base and residual, the one-loop layout that is vanilla).
 
@@ -249,8 +253,8 @@ class MeshMemory(nn.Module):
             m_i    <- m_i + w_write[..., i] * written             (additive soft write, every slot i)
             h_next  = sum_i w_read[..., i] * m_i                  (read from the UPDATED buffer)
 
-        step 0 is the transitional step (written = h_pre, the prelude output), step t+1 the loop t
-        (written = f_core(h(t)), router_in = h(t)).
+        step 0 is the transitional step (written = h_pre, the prelude output; router_in = h_pre, or h_emb
+        with mesh_trans_router_in "emb"), step t+1 the loop t (written = f_core(h(t)), router_in = h(t)).
 
         router_in, written: (B, T, C); buffer: (n_slots, B, T, C). Returns (new buffer, h_next (B, T, C)).
         """
@@ -301,7 +305,8 @@ class TemporalGate(nn.Module):
 
 class Recorder:
     """Collects hidden states during a forward pass, for probe.py (MeSH paper §4.1 diagnostics):
-    `states` {name: (B, T, C)} (h_emb, h(0)..h(K), h_out) and `updates` [(name, input, output)], one per
+    `states` {name: (B, T, C)} (h_emb and h_out; h(0)..h(K) for a recursive model, the states R_t written
+    at every position for T²MLR) and `updates` [(name, input, output)], one per
     layer or unit applied (its input h and output f(h), for the relative update). Pass one as
     forward(..., recorder=Recorder()); the default, NO_RECORDER, records nothing."""
 
@@ -359,7 +364,7 @@ GPT_RANGES = {
 
 
 def parse_layout(layout: str):
-    """'P+CRK+Q' -> (n_prelude, n_core, n_loop, n_coda), e.g. '2+4R2+2' -> (2, 4, 2, 2), the MeSH paper's
+    """'P+CRK+Q' -> (n_prelude, n_core, n_loops, n_coda), e.g. '2+4R2+2' -> (2, 4, 2, 2), the MeSH paper's
     notation (as in its Table 1).
 
     Raises ValueError quoting the string when it is malformed, has no core layers or K < 1.
@@ -464,7 +469,7 @@ class GPTConfig:
 
     @property
     def depth(self):
-        """(n_prelude, n_core, n_loop, n_coda); a vanilla stack is (n_layer, 0, 0, 0)."""
+        """(n_prelude, n_core, n_loops, n_coda); a vanilla stack is (n_layer, 0, 0, 0)."""
         return parse_layout(self.layout) if self.layout else (self.n_layer, 0, 0, 0)
 
     @property
@@ -591,7 +596,8 @@ class GPT(nn.Module):
         None = every token recurrent.
         recorder: a Recorder to fill with the hidden states (probe.py), or None.
         Returns (logits (B, T, V), loss scalar or None). Raises ValueError when the sequence is longer
-        than block_size, mode is unknown, "jacobi" is given a cache, or control's shape is not idx's.
+        than block_size, mode is unknown, "jacobi" is given a cache, "converged" a cache that already
+        holds positions, or control's shape is not idx's.
         """
         B, T = idx.shape
         pos = cache.length if cache is not None else 0               # position of idx[:, 0]
@@ -720,28 +726,36 @@ class GPT(nn.Module):
 
     # ---- time: T²MLR (Jacobi training, exact recurrence) ------------------------------------
 
-    def middle_step(self, x, state, pos=0, caches=None, recurrent=None, gates_x=None, rec=NO_RECORDER):
+    def middle_step(self, x, state, pos=0, caches=None, recurrent=None, gates_x=None, gammas=None,
+                    rec=NO_RECORDER):
         """The recurrent middle of T²MLR, applied to the positions in x (all T of them in a Jacobi sweep, one
         token at a time in the exact recurrence): each position t mixes the state R_{t-1} it is given into
         its input of layer l_start, runs the middle layers l_start..l_end, and writes the state R_t from
         their output h_t.
 
-        x, state: (B, L, C) (state may be (B, 1, C), broadcast): the input of l_start and R_{t-1} per
-        position. pos: the position of x[:, 0]; caches: the middle layers' LayerCaches (one each, in order)
-        or None.
-        recurrent: (B, L, 1) bool or None (all recurrent): control flow, see above. gates_x: gates_x(x)
-        (B, L, 2C) if already computed (the speed-up), else None. rec gets ("gate", x, x') and the middle
+        x, state: (B, L, C), L the positions of this call (state may be (B, 1, C), broadcast): the input of
+        l_start and R_{t-1} per position. pos: the position of x[:, 0]; caches: the middle layers'
+        LayerCaches (one each, in order) or None.
+        recurrent: (B, L, 1) bool or None (all recurrent): control flow, see above. gates_x, gammas: the
+        parts of the gate that do not depend on the state, A^x x + b (B, L, 2C) and (tanh θ_r, tanh θ_x),
+        if the caller computed them once for many calls (the speed-up), else None. rec gets ("gate", x, x') and the middle
         layers' (input, output) pairs. Returns (h (B, L, C) the output of l_end, R (B, L, C) the state
         written at each position).
         """
-        cfg, g = self.cfg, self.gate
-        # mix: x' = x + tanh(θ_r) · a_r ⊙ r~ + tanh(θ_x) · a_x ⊙ x  (TemporalGate, with its speed-up)
-        r = g.proj(state)                                                       # r~ = W_p R_{t-1}
-        gates_x = g.gates_x(x) if gates_x is None else gates_x                  # A^x x + b
-        a_r, a_x = torch.sigmoid(gates_x + g.gates_r(r)).chunk(2, dim=-1)       # σ(A g + b), both gates
-        # θ are fp32 master weights, and autocast leaves tanh in fp32 (as the reference keeps them)
-        gamma_r, gamma_x = torch.tanh(g.theta_r).to(x.dtype), torch.tanh(g.theta_x).to(x.dtype)
-        x_mixed = x + gamma_r * a_r * r + gamma_x * a_x * x
+        cfg, gate = self.cfg, self.gate       # gate: TemporalGate, the parameters W_p, A, b, θ named below
+        # mix (the gate): r~ = W_p R_{t-1};  [a_r; a_x] = σ(A [x; r~] + b);
+        #                 x' = x + tanh(θ_r) · a_r ⊙ r~ + tanh(θ_x) · a_x ⊙ x
+        # speed-up: A [x; r~] + b = A^x x + b + A^r r~, with A^x x + b = gate.gates_x(x) (computed once per
+        # forward when the caller passes it) and A^r r~ = gate.gates_r(r~); likewise tanh θ
+        r_tilde = gate.proj(state)                                                   # W_p R_{t-1}
+        gates_x = gate.gates_x(x) if gates_x is None else gates_x                    # A^x x + b
+        a_r, a_x = torch.sigmoid(gates_x + gate.gates_r(r_tilde)).chunk(2, dim=-1)   # both local gates
+        # the global gates θ_r, θ_x (zero at init: x' = x) are fp32 master weights, and autocast leaves tanh
+        # in fp32 (as the reference keeps them)
+        if gammas is None:
+            gammas = torch.tanh(gate.theta_r).to(x.dtype), torch.tanh(gate.theta_x).to(x.dtype)
+        gamma_r, gamma_x = gammas
+        x_mixed = x + gamma_r * a_r * r_tilde + gamma_x * a_x * x
         if recurrent is not None:                                     # non-recurrent tokens pass x through
             x_mixed = torch.where(recurrent, x_mixed, x)
         rec.update("gate", x, x_mixed)
@@ -799,15 +813,16 @@ class GPT(nn.Module):
         # self.lower, self.middle, self.upper: the layers below l_start, l_start..l_end, above l_end
         # forward the lower layers once: their output x is the same in every sweep
         x = self.run_layers(h_emb, self.lower, 0, caches, rec, "lower")
-        # speed-up: the x half of the gate logits, the same in every sweep
-        gates_x = self.gate.gates_x(x)
+        # speed-up: the parts of the gate that do not depend on the state, the same in every sweep
+        gates_x = self.gate.gates_x(x)                                               # A^x x + b
+        gammas = torch.tanh(self.gate.theta_r).to(x.dtype), torch.tanh(self.gate.theta_x).to(x.dtype)
         recurrent = None if control is None else (control > 1).unsqueeze(-1)   # (B, T, 1) or None
 
         def shift(R):      # R_t written at position t is read by token t + 1; token 0 reads R_{-1} = 0
             return F.pad(R[:, :-1], (0, 0, 1, 0))
 
         def sweep(state):  # one Jacobi sweep: the new state R^(j) from R^(j-1), all positions in parallel
-            return shift(self.middle_step(x, state, 0, None, recurrent, gates_x)[1])
+            return shift(self.middle_step(x, state, 0, None, recurrent, gates_x, gammas)[1])
 
         # the start R^(0): zeros, or the reference's warm start (jacobi_init "plain"): the middle layers'
         # output on x without mixing, shifted (one middle pass more; it keeps its gradient only when b >= D)
@@ -834,7 +849,7 @@ class GPT(nn.Module):
                 state = sweep(state)
             self.jacobi_passes += 1
         # sweep D, the final one: its middle output goes on (and fills the middle layers' caches)
-        h, R = self.middle_step(x, state, 0, caches, recurrent, gates_x, rec)
+        h, R = self.middle_step(x, state, 0, caches, recurrent, gates_x, gammas, rec)
         rec.state("R", R)
         if cache is not None:
             cache.state = R[:, -1:]                         # R_{T-1}: decoding continues from it
@@ -853,6 +868,8 @@ class GPT(nn.Module):
         control (B, T) or None: tokens with c > 1 are mixed and merged, the others pass through and write
         their raw h. A span where no row is recurrent needs no state, so it goes through the middle layers
         in one parallel chunk (a prompt); recurrent tokens go one at a time.
+        rec gets the lower and upper layers, the middle layers as one unit "middle" (they run token by
+        token; probe.py splits them) and the states R_t written at every position.
         """
         B, T, C = h_emb.shape
         pos = cache.length if cache is not None else 0
@@ -862,28 +879,31 @@ class GPT(nn.Module):
         x = self.run_layers(h_emb, self.lower, pos, caches, rec, "lower")
         # the middle layers' KV caches, grown token by token
         middle_caches = [next(caches) if cache is not None else LayerCache(T) for _ in self.middle]
-        # speed-up: the x half of the gate logits, once for all positions
-        gates_x = self.gate.gates_x(x)
+        # speed-up: the parts of the gate that do not depend on the state, once for all positions
+        gates_x = self.gate.gates_x(x)                                               # A^x x + b
+        gammas = torch.tanh(self.gate.theta_r).to(x.dtype), torch.tanh(self.gate.theta_x).to(x.dtype)
         recurrent = None if control is None else (control > 1).unsqueeze(-1)   # (B, T, 1) or None
         state = cache.state if cache is not None and cache.state is not None else x.new_zeros(B, 1, C)
         # the chunks: one token each, except that a span in which no row reads the state (no row is
         # recurrent) is one chunk: a chunk starts at every recurrent token and after every recurrent token
         reads = [True] * T if recurrent is None else recurrent.any(dim=0).view(-1).tolist()
         starts = [t for t in range(T) if t == 0 or reads[t] or reads[t - 1]]
-        outputs, written = [], []
+        outputs, states = [], []
         for t, end in zip(starts, starts[1:] + [T]):
             chunk = None if recurrent is None else recurrent[:, t:end]
             # mix R_{t-1} in, forward the middle layers on this token (attending to the cached keys of the
             # tokens before it), write R_t
-            h_t, R_t = self.middle_step(x[:, t:end], state, pos + t, middle_caches, chunk, gates_x[:, t:end])
+            h_t, R_t = self.middle_step(
+                x[:, t:end], state, pos + t, middle_caches, chunk, gates_x[:, t:end], gammas
+            )
             state = R_t[:, -1:]
             outputs.append(h_t)
-            written.append(R_t)
+            states.append(R_t)
         if cache is not None:
             cache.state = state
         h = torch.cat(outputs, dim=1)
         rec.update("middle", x, h)
-        rec.state("R", torch.cat(written, dim=1))
+        rec.state("R", torch.cat(states, dim=1))
         # forward the upper layers over all positions at once
         return self.run_layers(h, self.upper, pos, caches, rec, "upper")
 
@@ -935,13 +955,16 @@ class GPT(nn.Module):
             )
         window = self.cfg.block_size
         control = torch.full_like(idx, 2 if recurrent_prompt else 1)   # (B, T), grows with idx
+        # the cache: cache.layers, a LayerCache (the keys and values so far) per layer application in order;
+        # cache.state, T²MLR's R_{t-1} (B, 1, C); cache.length, the positions it holds
+        cache = InferenceCache(self.cfg.n_unrolled, window)
         # process the prompt (its last block_size tokens), filling every layer's KV cache (and T²MLR's state)
-        cache = InferenceCache(self.cfg.n_unrolled, window)   # a LayerCache per layer application, T²MLR's R
         logits, _ = self(
             idx[:, -window:], mode=prefill, cache=cache, control=control[:, -window:], tol=prefill_tol
         )
         for step in range(max_new_tokens):
-            # sample the next token from the last position's logits and append it
+            # draw the next token (B, 1) from the last position's logits (greedy at temperature 0, else from
+            # softmax(logits / temperature) over the top_k) and append it
             idx_next = self.sample_next(logits[:, -1, :], temperature, top_k, generator)
             idx = torch.cat([idx, idx_next], dim=1)
             control = torch.cat([control, torch.full_like(idx_next, 2)], dim=1)   # generated: recurrent
@@ -1067,9 +1090,9 @@ class GPT(nn.Module):
         """FLOPs of one training step (forward + backward) per token at sequence length T (default
         block_size).
 
-        A layer forward costs 2·N_layer + 4·C·T per token (matmuls plus attention scores and values, as
-        nanoGPT/PaLM count it) and its backward twice that; the output head 6·C·V. Looped layers and
-        Jacobi sweeps count every time they run (nanoGPT's 6N undercounts looped models).
+        A layer forward costs 2·P + 4·C·T per token, P the parameters of one layer (matmuls plus attention
+        scores and values, as nanoGPT/PaLM count it), and its backward twice that; the output head 6·C·V.
+        Looped layers and Jacobi sweeps count every time they run (nanoGPT's 6N undercounts looped models).
         """
         cfg = self.cfg
         T = T or cfg.block_size

@@ -39,8 +39,8 @@ from train import RunError, get_batch, load_meta, load_model, val_starts
 # value per sequence, computed in float64.
 
 def relative_update(h, f_h):
-    """Computational skew of one block (MeSH paper §4.1): 2‖f(h) − h‖_F / (‖f(h)‖_F + ‖h‖_F) per sequence.
-    h, f_h: (B, T, C) -> (B,). 0 for an identity block, 2 when f(h) = −h."""
+    """Computational skew of one unit (MeSH paper §4.1): 2‖f(h) − h‖_F / (‖f(h)‖_F + ‖h‖_F) per sequence.
+    h, f_h: (B, T, C) -> (B,). 0 for an identity unit, 2 when f(h) = −h."""
     h, f_h = h.double(), f_h.double()
     return 2 * (f_h - h).flatten(1).norm(dim=1) / (f_h.flatten(1).norm(dim=1) + h.flatten(1).norm(dim=1))
 
@@ -111,8 +111,9 @@ def effective_rank(sigma):
 
 def grouped(units, prefix, name):
     """Merge consecutive per-layer units prefix0, prefix1, ... into one unit (name, first input, last
-    output), or [] when there are none (the paper treats the prelude and the coda each as one block)."""
-    part = [b for b in units if b[0].startswith(prefix)]
+    output), or [] when there are none (the paper treats the prelude and the coda each as one unit, its
+    "block")."""
+    part = [u for u in units if u[0].startswith(prefix)]
     return [(name, part[0][1], part[-1][2])] if part else []
 
 
@@ -122,7 +123,7 @@ def depth_probe(model, idx):
     rec = Recorder()
     model(idx, recorder=rec)
     units, states = rec.updates, rec.states
-    if model.cfg.depth[2] == 0:     # vanilla: every layer is a block and its output a state
+    if model.cfg.depth[2] == 0:     # vanilla: every layer is a unit and its output a state
         states = (
             {"h_emb": states["h_emb"]}
             | {name: out for name, _, out in units[:-1]}
@@ -248,7 +249,7 @@ def plot(result, out_dir, title):
     import matplotlib.pyplot as plt
 
     paths = [os.path.join(out_dir, f"probe_{name}.png") for name in ("skew", "cka", "spectra")]
-    # (a) skew: one bar per block, ± std; T²MLR: with the state and with R ≡ 0 side by side
+    # (a) skew: one bar per unit, ± std; T²MLR: with the state and with R ≡ 0 side by side
     sk = result["skew"]
     n = len(sk["blocks"])
     fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * n + 2), 3.6))

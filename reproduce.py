@@ -502,7 +502,7 @@ def rounded(x, digits=6):
 
 
 def block_layers(model, name):
-    """The layers a probe block name stands for: prelude, core<t>, coda, layer<i>."""
+    """The layers a probe unit name stands for: prelude, core<t>, coda, layer<i>."""
     p, c, _, _ = model.cfg.depth
     layers = list(model.layers)
     if name == "prelude":
@@ -518,11 +518,11 @@ def block_layers(model, name):
 def scale_probe(model, seqs, batch_size=8):
     """What a difference in state scale does to the skew diagnostic (vanilla and recursive models).
 
-    For every state: its RMS. For every block (probe.depth_probe's: prelude, core loops, coda): the RMS of its
+    For every state: its RMS. For every unit (probe.depth_probe's: prelude, core loops, coda): the RMS of its
     input h and of its update f(h) - h, the paper's relative update 2‖f(h)−h‖/(‖f(h)‖+‖h‖), and the same
-    measure with the block applied to its input rescaled to RMS 1 per sequence (skew_unit). The relative
-    update divides by state norms, and a pre-norm block's update barely depends on its input's scale, so a
-    model with smaller states shows a larger skew for the same update; skew_unit compares blocks at one
+    measure with the unit applied to its input rescaled to RMS 1 per sequence (skew_unit). The relative
+    update divides by state norms, and a pre-norm unit's update barely depends on its input's scale, so a
+    model with smaller states shows a larger skew for the same update; skew_unit compares units at one
     scale. Means over sequences."""
     model.eval()
     states, per_block = {}, {}
@@ -909,7 +909,7 @@ def assemble(pr, summaries):
             claim(
                 f"diag-{layout_name}-1b",
                 f"{tag}: the same, scale-free: the last loop's update over the first "
-                "loop's, each block applied to its input at unit RMS",
+                "loop's, each loop's core applied to its input at unit RMS",
                 paper4,
                 c("mesh", "base", diag("skew_unit_last_over_first")),
                 +1,
@@ -1190,7 +1190,7 @@ def plot_deltas(pr, tables, path):
 
 
 def plot_diagnostics(pr, summaries, path):
-    """MeSH §4 side by side: for every layout, a row each of (a) relative update per block (the paper's form
+    """MeSH §4 side by side: for every layout, a row each of (a) relative update per unit (the paper's form
     and at unit state RMS, mean ± std over seeds, with the input RMS as dots), (b) RBF CKA between states,
     (c) singular-value spectra with effective ranks; one column per arm (base, anchor, mesh, mesh_as_base)."""
     plt = plt_module()

@@ -5,8 +5,10 @@ MeSH family (the MeSH paper's prelude/core/coda layouts, its §3.1 heuristics an
 one-loop layout equals the vanilla stack; MeSH with one-hot routers equals base and residual recursion;
 KV-cache decoding equals full recompute; causality; the papers' parameter counts. T²MLR (the Jacobi
 training and exact decoding of the authors' reference code): Jacobi with D >= T equals exact recurrence
-equals a naive token-by-token loop over the full stack, values and gradients; the exactness front for D < T;
-zero gates equal the vanilla model; cached decoding; batch-row independence.
+equals a naive token-by-token loop over the full stack (with the gate and the state update in their direct
+forms, gate_direct and update_direct), values and gradients; the exactness front for D < T; zero gates
+equal the vanilla model; a vanilla checkpoint retrofitted; cached decoding; batch-row independence; the
+control flow (c = 0 padding, 1 non-recurrent, >= 2 recurrent) against a naive loop of its own.
 
 Run: python -m pytest -q test_equivalence.py
 """

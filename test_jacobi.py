@@ -1,5 +1,6 @@
 """
-T²MLR's Jacobi options beyond the reference, each against what it claims to equal (float64, CPU):
+T²MLR's Jacobi options, each against what it claims to equal (float64, CPU); all but jacobi_init "plain"
+(the reference's own start) are ours:
 
 - jacobi_tol: 0 is bit-identical to fixed D; a stop at tolerance tol is within the error bound that the
   tolerance and the measured contraction imply; the gradient still flows through the final sweep and
@@ -61,9 +62,9 @@ def lower_output(model, idx):
     return model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, model.lower, 0)
 
 
-def logits_from_state(model, x, state, gates_x=None, recurrent=None):
+def logits_from_state(model, x, state, gates_x=None, recurrent=None, gammas=None):
     """The final sweep from a given state R^(D-1): middle_step, the upper layers and the head."""
-    h, _ = model.middle_step(x, state, recurrent=recurrent, gates_x=gates_x)
+    h, _ = model.middle_step(x, state, recurrent=recurrent, gates_x=gates_x, gammas=gammas)
     return model.lm_head(model.ln_f(model.run_layers(h, model.upper, 0)))
 
 
@@ -74,11 +75,12 @@ def fixed_d_logits(model, idx, control=None):
     grad = torch.is_grad_enabled()
     x = lower_output(model, idx)
     gates_x, recurrent = model.gate.gates_x(x), None if control is None else (control > 1).unsqueeze(-1)
+    gammas = torch.tanh(model.gate.theta_r), torch.tanh(model.gate.theta_x)       # once, as the model does
     state = torch.zeros_like(x)
     for d in range(cfg.jacobi_sweeps - 1):
         with torch.set_grad_enabled(grad and cfg.jacobi_sweeps - 1 - d <= cfg.jacobi_grad_sweeps):
-            state = shift(model.middle_step(x, state, recurrent=recurrent, gates_x=gates_x)[1])
-    return logits_from_state(model, x, state, gates_x, recurrent)
+            state = shift(model.middle_step(x, state, recurrent=recurrent, gates_x=gates_x, gammas=gammas)[1])
+    return logits_from_state(model, x, state, gates_x, recurrent, gammas)
 
 
 def sweep_changes(model, idx, sweeps):
