@@ -738,9 +738,9 @@ class GPT(nn.Module):
         LayerCaches (one each, in order) or None.
         recurrent: (B, L, 1) bool or None (all recurrent): control flow, see above. gates_x, gammas: the
         parts of the gate that do not depend on the state, A^x x + b (B, L, 2C) and (tanh θ_r, tanh θ_x),
-        if the caller computed them once for many calls (the speed-up), else None. rec gets ("gate", x, x') and the middle
-        layers' (input, output) pairs. Returns (h (B, L, C) the output of l_end, R (B, L, C) the state
-        written at each position).
+        if the caller computed them once for many calls (the speed-up), else None. rec gets ("gate", x, x')
+        and the middle layers' (input, output) pairs. Returns (h (B, L, C) the output of l_end, R (B, L, C)
+        the state written at each position).
         """
         cfg, gate = self.cfg, self.gate       # gate: TemporalGate, the parameters W_p, A, b, θ named below
         # mix (the gate): r~ = W_p R_{t-1};  [a_r; a_x] = σ(A [x; r~] + b);
