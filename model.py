@@ -32,8 +32,8 @@ lower/middle/upper) are lists made once in GPT.__init__.
                  gate, the middle layers, the state update; TemporalGate holds the gate's parameters)
     T²MLR exact  forward -> exact_forward (the token loop) -> middle_step
     generation   generate -> forward (exact mode with an InferenceCache) -> exact_forward -> middle_step;
-                 sample_next turns the last logits into the next token (a converged prefill:
-                 forward -> jacobi_forward)
+                 (a prompt with prefill="converged": forward -> jacobi_forward); sample_next turns the
+                 last logits into the next token
 test_equivalence.py holds the executable definitions these are checked against (a naive token loop for
 T²MLR, one-hot MeSH routing that reproduces base and residual, the one-loop layout that is vanilla).
 
@@ -280,9 +280,10 @@ class TemporalGate(nn.Module):
         x'  = x + tanh(θ_r) · a_r ⊙ r~ + tanh(θ_x) · a_x ⊙ x       θ_r = θ_x = 0 at init: an exact identity
 
     Speed-up (same values, same 5C² + 2C + 2 parameters): the gates' linear map splits into an x half and an
-    r half, A g + b = A^x x + A^r r~ + b, stored as `gates_x` (the x columns of [A_r; A_x] and the biases) and
-    `gates_r` (the r~ columns). x is the same in every Jacobi sweep and known for all positions before the
-    token-by-token loop, so the forwards evaluate gates_x(x) once and each sweep or token adds the r half.
+    r half, with A = [A_r; A_x]: A g + [b_r; b_x] = A^x x + A^r r~ + [b_r; b_x], stored as `gates_x` (the x
+    columns A^x of A and the biases) and `gates_r` (the r~ columns A^r). x is the same in every Jacobi sweep
+    and known for all positions before the token-by-token loop, so the forwards evaluate gates_x(x) once and
+    each sweep or token adds the r half.
     """
 
     def __init__(self, n_embd: int):
@@ -736,19 +737,19 @@ class GPT(nn.Module):
         x, state: (B, L, C), L the positions of this call (state may be (B, 1, C), broadcast): the input of
         l_start and R_{t-1} per position. pos: the position of x[:, 0]; caches: the middle layers'
         LayerCaches (one each, in order) or None.
-        recurrent: (B, L, 1) bool or None (all recurrent): control flow, see above. gates_x, gammas: the
-        parts of the gate that do not depend on the state, A^x x + b (B, L, 2C) and (tanh θ_r, tanh θ_x),
-        if the caller computed them once for many calls (the speed-up), else None. rec gets ("gate", x, x')
-        and the middle layers' (input, output) pairs. Returns (h (B, L, C) the output of l_end, R (B, L, C)
-        the state written at each position).
+        recurrent: (B, L, 1) bool or None (all recurrent): control flow (the note after TemporalGate).
+        gates_x, gammas: the parts of the gate that do not depend on the state, A^x x + [b_r; b_x] (B, L, 2C)
+        and (tanh θ_r, tanh θ_x), if the caller computed them once for many calls (the speed-up), else None.
+        rec gets ("gate", x, x') and the middle layers' (input, output) pairs.
+        Returns (h (B, L, C) the output of l_end, R (B, L, C) the state written at each position).
         """
-        cfg, gate = self.cfg, self.gate       # gate: TemporalGate, the parameters W_p, A, b, θ named below
-        # mix (the gate): r~ = W_p R_{t-1};  [a_r; a_x] = σ(A [x; r~] + b);
+        cfg, gate = self.cfg, self.gate      # gate: TemporalGate, the parameters W_p, A, b_r, b_x, θ below
+        # mix (the gate): r~ = W_p R_{t-1};  [a_r; a_x] = σ(A [x; r~] + [b_r; b_x]);
         #                 x' = x + tanh(θ_r) · a_r ⊙ r~ + tanh(θ_x) · a_x ⊙ x
-        # speed-up: A [x; r~] + b = A^x x + b + A^r r~, with A^x x + b = gate.gates_x(x) (computed once per
-        # forward when the caller passes it) and A^r r~ = gate.gates_r(r~); likewise tanh θ
+        # speed-up: A [x; r~] + [b_r; b_x] = (A^x x + [b_r; b_x]) + A^r r~, the first part gate.gates_x(x)
+        # (computed once per forward when the caller passes it), the second gate.gates_r(r~); likewise tanh θ
         r_tilde = gate.proj(state)                                                   # W_p R_{t-1}
-        gates_x = gate.gates_x(x) if gates_x is None else gates_x                    # A^x x + b
+        gates_x = gate.gates_x(x) if gates_x is None else gates_x                    # A^x x + [b_r; b_x]
         a_r, a_x = torch.sigmoid(gates_x + gate.gates_r(r_tilde)).chunk(2, dim=-1)   # both local gates
         # the global gates θ_r, θ_x (zero at init: x' = x) are fp32 master weights, and autocast leaves tanh
         # in fp32 (as the reference keeps them)
@@ -791,7 +792,8 @@ class GPT(nn.Module):
 
         Sweeps 1..D-1 only refine the state; sweep D is the final one, whose middle output goes on to the
         upper layers, so positions < D of the output are exact (all of them when D >= T). The gradient
-        flows through the final sweep and the b sweeps before it (b + 1 with autograd).
+        flows through the final sweep and the b sweeps before it (b + 1 with autograd; b = D: all D, and the
+        plain start's).
         sweeps, grad_sweeps, tol: D, b and the early-stop tolerance; None = the config's jacobi_sweeps,
         jacobi_grad_sweeps and jacobi_tol (training). tol > 0 stops the sweeps without gradient once one
         moved the state by at most tol relative to its RMS, max|R^(j) - R^(j-1)| <= tol · RMS(R^(j)); the
@@ -799,7 +801,8 @@ class GPT(nn.Module):
         self.jacobi_passes (D with no early stop, D + 1 with the plain start).
         Mode "converged" (a prefill) runs it with D = T, b = 0 and its own tol: exact up to rounding at
         tol = 0. An empty `cache` then receives every layer's keys and values and the final state R_{T-1}.
-        control (B, T) or None: only tokens with c > 1 are mixed and merged (control flow, above).
+        control (B, T) or None: only tokens with c > 1 are mixed and merged (control flow: the note after
+        TemporalGate).
         Where it departs from the reference (same values and gradients from the same start): the lower
         layers run once and x is reused by every sweep and by the final one; the reference first runs one
         plain pass of the whole model (for its warm start, jacobi_init "plain") and reruns the whole model
@@ -814,7 +817,7 @@ class GPT(nn.Module):
         # forward the lower layers once: their output x is the same in every sweep
         x = self.run_layers(h_emb, self.lower, 0, caches, rec, "lower")
         # speed-up: the parts of the gate that do not depend on the state, the same in every sweep
-        gates_x = self.gate.gates_x(x)                                               # A^x x + b
+        gates_x = self.gate.gates_x(x)                                       # A^x x + [b_r; b_x]
         gammas = torch.tanh(self.gate.theta_r).to(x.dtype), torch.tanh(self.gate.theta_x).to(x.dtype)
         recurrent = None if control is None else (control > 1).unsqueeze(-1)   # (B, T, 1) or None
 
@@ -880,7 +883,7 @@ class GPT(nn.Module):
         # the middle layers' KV caches, grown token by token
         middle_caches = [next(caches) if cache is not None else LayerCache(T) for _ in self.middle]
         # speed-up: the parts of the gate that do not depend on the state, once for all positions
-        gates_x = self.gate.gates_x(x)                                               # A^x x + b
+        gates_x = self.gate.gates_x(x)                                       # A^x x + [b_r; b_x]
         gammas = torch.tanh(self.gate.theta_r).to(x.dtype), torch.tanh(self.gate.theta_x).to(x.dtype)
         recurrent = None if control is None else (control > 1).unsqueeze(-1)   # (B, T, 1) or None
         state = cache.state if cache is not None and cache.state is not None else x.new_zeros(B, 1, C)
