@@ -1034,21 +1034,9 @@ class GPT(nn.Module):
         tensors = {}
         for path in weight_files:
             tensors |= load_file(path)
-        state, own = state_from_hf(tensors, self.cfg), self.state_dict()
+        state = state_from_hf(tensors, self.cfg)
         tied = {"lm_head.weight"} if self.cfg.tie_embeddings else set()
-        problems = (
-            [
-                f"{k} {tuple(v.shape)} vs this model's {tuple(own[k].shape)}"
-                for k, v in state.items()
-                if k in own and v.shape != own[k].shape
-            ]
-            + [f"{k} is not in this model" for k in state if k not in own]
-            + [
-                f"{k} is missing"
-                for k in own
-                if k not in state and k not in tied and not k.startswith("gate.")
-            ]
-        )
+        problems = state_differences(state, self.state_dict(), lambda k: k in tied or k.startswith("gate."))
         if problems:
             more = f" and {len(problems) - 4} more" if len(problems) > 4 else ""
             raise ValueError(f"the checkpoint does not fit this config: {', '.join(problems[:4])}{more}")
@@ -1127,6 +1115,19 @@ class GPT(nn.Module):
 # Released checkpoints: Pythia (GPTNeoXForCausalLM) and SmolLM2 (LlamaForCausalLM) as Hugging Face saves them.
 # Our neox and llama layers are those architectures (test_pretrained.py checks the logits against
 # `transformers`), so a released model is a GPTConfig plus renamed tensors. Read with `safetensors` only.
+
+def state_differences(source: dict, own: dict, optional=lambda name: False) -> list:
+    """Why the state dict `source` does not load into a model whose state dict is `own`, one message per
+    tensor: a shape that differs, a tensor the model lacks, a tensor of the model that source lacks (unless
+    optional(name), e.g. the T²MLR gate, which keeps its identity initialisation). [] when it fits; used by
+    load_hf_weights and by train.py's checkpoint loaders."""
+    return (
+        [f"{k} {tuple(v.shape)} vs this model's {tuple(own[k].shape)}"
+         for k, v in source.items() if k in own and v.shape != own[k].shape]
+        + [f"{k} is not in this model" for k in source if k not in own]
+        + [f"{k} is missing" for k in own if k not in source and not optional(k)]
+    )
+
 
 def hf_checkpoint(name_or_path: str):
     """(config.json as a dict, [*.safetensors paths]) of a Hugging Face checkpoint: a local folder, or a hub

@@ -378,7 +378,7 @@ def test_retrofit_from_a_vanilla_checkpoint(tmp_path):
     assert torch.equal(t2mlr(idx, mode="jacobi")[0], vanilla(idx)[0])
     assert torch.allclose(t2mlr(idx, mode="exact")[0], vanilla(idx)[0], atol=1e-12, rtol=0)   # token by token
     wider = GPT(GPTConfig(**dict(fields, n_embd=48), t2mlr=True, l_start=1, l_end=3))
-    with pytest.raises(RunError, match=r"wte.weight \(64, 32\) vs \(64, 48\)"):
+    with pytest.raises(RunError, match=r"wte.weight \(64, 32\) vs this model's \(64, 48\)"):
         init_weights_from(wider, str(tmp_path / "ckpt.pt"))
 
 

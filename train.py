@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from configurator import ConfigError, check_ranges, given_values, load_config
-from model import GPT, GPTConfig, RENAMED_FIELDS, config_from_hf, hf_checkpoint
+from model import GPT, GPTConfig, RENAMED_FIELDS, config_from_hf, hf_checkpoint, state_differences
 
 
 # -----------------------------------------------------------------------------
@@ -405,8 +405,7 @@ def load_weights(model, state, path):
     embedding tie mapped by tie_embeddings_state. Raises RunError naming missing, unexpected or differently
     shaped tensors."""
     state = tie_embeddings_state(state, model, path)
-    own = model.state_dict()
-    problems = shape_differences(state, own) + [f"{k} is missing from {path}" for k in own if k not in state]
+    problems = state_differences(state, model.state_dict())
     if problems:
         more = f" and {len(problems) - 5} more" if len(problems) > 5 else ""
         raise RunError(f"{path} does not fit this model: " + "; ".join(problems[:5]) + more)
@@ -432,19 +431,10 @@ def init_weights_from(model, path):
     the source model's; the embedding tie is mapped exactly or refused (tie_embeddings_state). Raises
     RunError naming missing, unexpected or differently shaped tensors, or a tie that cannot be mapped."""
     source = tie_embeddings_state(load_checkpoint(path)["model"], model, path)
-    own = model.state_dict()
-    problems = shape_differences(source, own)
-    problems += [f"{k} is missing from {path}" for k in own if k not in source and not k.startswith("gate.")]
+    problems = state_differences(source, model.state_dict(), lambda k: k.startswith("gate."))   # gate: x' = x
     if problems:
         raise RunError(f"cannot initialise from {path}, the architectures differ: " + "; ".join(problems[:5]))
     model.load_state_dict(source, strict=False)
-
-
-def shape_differences(source, own):
-    """['name (checkpoint shape) vs (this model's)', 'name is not in this model', ...] for two state dicts."""
-    problems = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in source.items()
-                if k in own and v.shape != own[k].shape]
-    return problems + [f"{k} is not in this model" for k in source if k not in own]
 
 
 def train_config_from_checkpoint(ckpt, cfg, given):
@@ -480,7 +470,7 @@ def model_config_from_checkpoint(ckpt, model_cfg, given):
         except (TypeError, ValueError):             # ...or, where they do not combine, this launch's own
             asked = model_cfg
         with torch.device("meta"):                  # its shapes, without allocating
-            shapes = shape_differences(ckpt["model"], GPT(asked).state_dict())
+            shapes = state_differences(ckpt["model"], GPT(asked).state_dict(), optional=lambda k: True)
         more = f" and {len(shapes) - 4} more" if len(shapes) > 4 else ""
         raise RunError(
             "the model config differs from the checkpoint's in "
