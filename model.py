@@ -414,7 +414,7 @@ class GPTConfig:
     l_start: int = 0                 # first recurrent layer (gate at its input); negative counts from the end
     l_end: int = -1                  # last recurrent layer (state written from its output); inclusive
     jacobi_sweeps: int = 16          # D: Jacobi sweeps per step, the final one included (positions < D exact)
-    jacobi_grad_sweeps: int = 4      # b: sweeps before the final one that keep gradient (b + 1 with autograd)
+    jacobi_grad_sweeps: int = 4      # b: sweeps before the final one that keep gradient (b <= D)
     jacobi_tol: float = 0.0          # > 0: stop no-grad sweeps once the state moves less (relative); 0 = D
     jacobi_checkpoint: bool = False  # recompute the b gradient sweeps in backward (less memory, more time)
     jacobi_init: str = "zero"        # R^(0): "zero" (ours) or "plain" (the reference's, +1 middle pass)
@@ -459,7 +459,7 @@ class GPTConfig:
         if not (0 <= start <= end < self.n_layer):
             raise ValueError(
                 f"l_start = {self.l_start}, l_end = {self.l_end} must give 0 <= l_start <= l_end < "
-                f"n_layer = {self.n_layer} (negative values count from the end)"
+                f"n_layer = {self.n_layer} (negative values count from the end: -1 .. -{self.n_layer})"
             )
         if self.jacobi_grad_sweeps > self.jacobi_sweeps:
             raise ValueError(
@@ -475,9 +475,10 @@ class GPTConfig:
 
     @property
     def recurrent_layers(self):
-        """T²MLR's (l_start, l_end) as non-negative layer indices."""
-        return self.l_start % self.n_layer if self.l_start < 0 else self.l_start, \
-            self.l_end % self.n_layer if self.l_end < 0 else self.l_end
+        """T²MLR's (l_start, l_end) as layer indices, a negative one counted from the end as Python indexes a
+        list (-1 = the last layer, -n_layer = the first). Never wrapped around: an index outside
+        -n_layer..n_layer-1 stays out of range, and _check_t2mlr refuses it."""
+        return tuple(i + self.n_layer if i < 0 else i for i in (self.l_start, self.l_end))
 
     @property
     def n_unique(self):
@@ -792,8 +793,8 @@ class GPT(nn.Module):
 
         Sweeps 1..D-1 only refine the state; sweep D is the final one, whose middle output goes on to the
         upper layers, so positions < D of the output are exact (all of them when D >= T). The gradient
-        flows through the final sweep and the b sweeps before it (b + 1 with autograd; b = D: all D, and the
-        plain start's).
+        flows through the final sweep and the b sweeps before it: min(b + 1, D) sweeps run with autograd
+        (b = D and b = D - 1 differ only with the plain start, whose gradient b = D keeps too).
         sweeps, grad_sweeps, tol: D, b and the early-stop tolerance; None = the config's jacobi_sweeps,
         jacobi_grad_sweeps and jacobi_tol (training). tol > 0 stops the sweeps without gradient once one
         moved the state by at most tol relative to its RMS, max|R^(j) - R^(j-1)| <= tol · RMS(R^(j)); the
@@ -1301,7 +1302,9 @@ def summary(cfg: GPTConfig) -> str:
         model = GPT(cfg)
     counts = model.param_counts()
     K = cfg.depth[2]
-    layout = cfg.layout or f"{cfg.n_layer} layers (vanilla)"
+    start, end = cfg.recurrent_layers
+    layout = cfg.layout or (f"{cfg.n_layer} layers, {start}..{end} recurrent in time (T²MLR)" if cfg.t2mlr
+                            else f"{cfg.n_layer} layers (vanilla)")
     lines = [
         f"flavour            {cfg.flavour}",
         f"layout             {layout}" + (f", state_mode {cfg.state_mode}" if K else ""),

@@ -371,8 +371,11 @@ def main(argv=None):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "probe.json"), "w") as f:
         json.dump(result, f, indent=1)
-    sk = result["skew"]
-    print("skew " + ", ".join(f"{b} {m:.3f}±{s:.3f}" for b, m, s in zip(sk["blocks"], sk["mean"], sk["std"])))
+    for key, label in (("skew", "skew"), ("skew_no_state", "skew with R ≡ 0")):
+        if key in result:                                       # skew_no_state: T²MLR only
+            sk = result[key]
+            units = zip(sk["blocks"], sk["mean"], sk["std"])
+            print(f"{label} " + ", ".join(f"{u} {m:.3f}±{s:.3f}" for u, m, s in units))
     er = result["spectra"]["effective_rank"]
     print("effective rank " + ", ".join(f"{n} {m:.1f}" for n, (m, _) in er.items()))
     try:

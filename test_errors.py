@@ -121,7 +121,8 @@ CASES = {
         "train.py",
         ["--init_from=resume", "--n_embd=64"],
         r"the model config differs from the checkpoint's in n_embd \(given 64, checkpoint 32\); "
-        r"tensor shapes \(checkpoint vs given\): wte\.weight \(320, 32\) vs this model's \(320, 64\), .* more",
+        r"tensor shapes \(checkpoint vs given\): "
+        r"wte\.weight \(320, 32\) vs this model's \(320, 64\), .* more",
     ),
     "scratch over a run": (
         "train.py",

@@ -61,6 +61,19 @@ def test_flavour_defaults():
     assert GPTConfig(**TINY, n_layer=4, t2mlr=True, l_start=-3, l_end=-2).recurrent_layers == (1, 2)
 
 
+@pytest.mark.parametrize("l_start, l_end, want", [(-8, -1, (0, 7)), (-2, 7, (6, 7)), (3, -5, (3, 3)),
+                                                  (-9, -1, None), (-20, -1, None), (0, -9, None)])
+def test_negative_layer_indices_count_from_the_end_and_never_wrap(l_start, l_end, want):
+    """-1 is the last of 8 layers and -8 the first, as Python indexes a list; -9 or -20 is no layer at all
+    (an index taken modulo n_layer would silently pick layer 7 or 4)."""
+    fields = dict(TINY, n_layer=8, t2mlr=True, l_start=l_start, l_end=l_end)
+    if want is not None:
+        assert GPTConfig(**fields).recurrent_layers == want
+        return
+    with pytest.raises(ValueError, match=rf"^l_start = {l_start}, l_end = {l_end} must give 0 <= l_start"):
+        GPTConfig(**fields)
+
+
 def test_init_follows_the_recipe():
     """std sqrt(2/(5C)) everywhere, out projections / sqrt(2·unrolled depth), zero biases.
     The out-projection scaling is the MeSH paper's depth-aware init; the paper gives no base std or bias init,

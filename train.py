@@ -558,20 +558,26 @@ def main(argv):
         total=cfg.max_iters, initial=run.start_step, unit="step",
         disable=not (run.master and cfg.progress and sys.stderr.isatty()),
     )
-    t_start = time.time()
+    t_start, eval_seconds, n_evals = time.time(), 0.0, 0
     # exactly max_iters optimizer steps, then a final evaluation and save
     for step in range(run.start_step, cfg.max_iters + 1):
         last = step == cfg.max_iters
         # evaluate and save after `step` updates; the step a run resumed from was evaluated already
         if last or (step % cfg.eval_interval == 0 and (step > run.start_step or not run.resumed)):
+            t_eval = time.time()
             evaluate_and_save(run, step)
+            eval_seconds, n_evals = eval_seconds + time.time() - t_eval, n_evals + 1
         if last:
             break
         logged = step % cfg.log_interval == 0 or step == cfg.max_iters - 1
         row = train_step(run, step, logged)
         bar.update()
         if logged:
-            eta = (time.time() - t_start) / (step + 1 - run.start_step) * (cfg.max_iters - step - 1)
+            # ETA: the mean step times the steps left, plus the mean evaluation times the evaluations left
+            # (the multiples of eval_interval still ahead, and the final one)
+            per_step = (time.time() - t_start - eval_seconds) / (step + 1 - run.start_step)
+            evals_left = (cfg.max_iters - 1) // cfg.eval_interval - step // cfg.eval_interval + 1
+            eta = per_step * (cfg.max_iters - step - 1) + eval_seconds / max(n_evals, 1) * evals_left
             run.log(
                 row,
                 f"step {step}: loss {row['loss']:.4f}, lr {row['lr']:.3g}, grad norm {row['grad_norm']:.3f}, "
