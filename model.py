@@ -23,14 +23,16 @@ T²MLR (Transformer with Temporal Middle-Layer Recurrence, arXiv 2607.15178).
     token through the middle layers, with a KV cache plus one recurrent state.
 
 How to read it: GPT.forward embeds idx and picks one branch per variant; read the branch's functions in
-this order (each is short and narrated step by step). Every branch applies its layers with run_layers ->
-Layer (Attention with rotary and its LayerCache, MLP); the layer groups (prelude/core/coda,
-lower/middle/upper) are lists made once in GPT.__init__.
+this order (each is short and narrated step by step). Every branch applies its layers with run_layers
+(rotary tables from GPT.rotary -> rotary_tables) -> Layer (make_norm, Attention with apply_rotary and its
+LayerCache, MLP); the layer groups (prelude/core/coda, lower/middle/upper) are lists made once in
+GPT.__init__.
     vanilla      forward -> run_layers
-    recursive    forward -> recursive_forward (a branch per state mode, MeSH's too) -> MeshMemory.write_read
+    recursive    forward -> recursive_forward (a branch per state mode) -> MeshMemory.write_read (mesh only)
     T²MLR train  forward -> jacobi_forward (the start, the sweeps, the final sweep) -> middle_step (the
                  gate, the middle layers, the state update; TemporalGate holds the gate's parameters)
-    T²MLR exact  forward -> exact_forward (the token loop) -> middle_step
+    T²MLR exact  forward -> exact_forward (the token loop; the middle layers' LayerCaches made per call)
+                 -> middle_step
     generation   generate -> forward (exact mode with an InferenceCache) -> exact_forward -> middle_step;
                  (a prompt with prefill="converged": forward -> jacobi_forward); sample_next turns the
                  last logits into the next token
