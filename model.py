@@ -311,7 +311,10 @@ class Recorder:
     `states` {name: (B, T, C)} (h_emb and h_out; h(0)..h(K) for a recursive model, the states R_t written
     at every position for T²MLR) and `updates` [(name, input, output)], one per
     layer or unit applied (its input h and output f(h), for the relative update). Pass one as
-    forward(..., recorder=Recorder()); the default, NO_RECORDER, records nothing."""
+    forward(..., recorder=Recorder()); the default, NO_RECORDER, records nothing. `active` is False for
+    NO_RECORDER only, so a forward can skip building a tensor that would only be recorded."""
+
+    active = True
 
     def __init__(self):
         self.states, self.updates = {}, []
@@ -326,6 +329,8 @@ class Recorder:
 
 
 class _NoRecorder(Recorder):
+    active = False
+
     def state(self, name, h):
         pass
 
@@ -909,7 +914,8 @@ class GPT(nn.Module):
             cache.state = state
         h = torch.cat(outputs, dim=1)
         rec.update("middle", x, h)
-        rec.state("R", torch.cat(states, dim=1))
+        if rec.active:                  # R_t of every position, concatenated only when someone records it
+            rec.state("R", torch.cat(states, dim=1))
         # forward the upper layers over all positions at once
         return self.run_layers(h, self.upper, pos, caches, rec, "upper")
 
