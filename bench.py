@@ -90,8 +90,8 @@ def build_models(size, seq, device, jacobi_tol=1e-3, prefill_lengths=None):
     s = SIZES[size]
     block = max(seq, s["prompt"] + s["new_tokens"], *(prefill_lengths or s["prefill_lengths"]))
     configs = {"vanilla": dict(**s["neox"], **s["vanilla"]),
-               "base": dict(**s["neox"], **s["recursive"], state_mode="base"),
-               "mesh": dict(**s["neox"], **s["recursive"], state_mode="mesh"),
+               "base": dict(**s["neox"], **s["recursive"], state_passing="base"),
+               "mesh": dict(**s["neox"], **s["recursive"], state_passing="mesh"),
                "plain": dict(s["llama"]),
                "t2mlr": dict(**s["llama"], **s["t2mlr"], t2mlr=True, jacobi_sweeps=16, jacobi_grad_sweeps=4)}
     configs["t2mlr_tol"] = dict(configs["t2mlr"], jacobi_tol=jacobi_tol)

@@ -20,6 +20,8 @@ import sys
 import types
 import typing
 
+from support.compat import RENAMED_FIELDS
+
 
 class ConfigError(ValueError):
     """A bad config key or value; the scripts print it as one line `error: ...` and exit non-zero."""
@@ -104,9 +106,10 @@ def load_config(argv, *classes, skip_unknown=False, defer=()):
     overrides = [{} for _ in classes]
 
     def assign(key, value, where, raw=None):
-        renamed = next((cls.renamed[key] for cls in classes if key in getattr(cls, "renamed", {})), None)
-        if renamed:
-            raise ConfigError(f"config key '{key}' in {where} is now called '{renamed}' (the same setting)")
+        if key in RENAMED_FIELDS and RENAMED_FIELDS[key] in owner:    # an old name: read under the new one
+            print(f"note: config key '{key}' in {where} is now called '{RENAMED_FIELDS[key]}' (the same "
+                  f"setting)", file=sys.stderr)
+            key = RENAMED_FIELDS[key]
         if key not in owner:
             close = difflib.get_close_matches(key, owner, n=1, cutoff=0.8 if skip_unknown else 0.6)
             if skip_unknown and not close:

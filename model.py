@@ -412,7 +412,7 @@ class GPTConfig:
     norm_eps: float = 1e-5
     embed_scale: bool = True         # embeddings times sqrt(C) (MeSH §4.1); False for Pythia/SmolLM2 weights
     # MeSH and the heuristic state passings (MeSH paper §3.1-3.2)
-    state_mode: str = "base"         # h_sup: base 0 | residual h(t) | anchor h(0) | anchor_star h_emb | mesh
+    state_passing: str = "base"         # h_sup: base 0 | residual h(t) | anchor h(0) | anchor_star h_emb | mesh
     mesh_slots: Optional[int] = None  # n_slots (the paper's B); None = K + 3 (MeSH paper §4.4, Table 3)
     # the MeSH paper does not say which state feeds the transitional routers: "pre" is our reading
     mesh_trans_router_in: str = "pre"  # transitional routers' input: "pre" (h_pre) or "emb" (h_emb)
@@ -425,8 +425,8 @@ class GPTConfig:
     jacobi_tol: float = 0.0          # > 0: stop no-grad sweeps once the state moves less (relative); 0 = D
     jacobi_checkpoint: bool = False  # recompute the b gradient sweeps in backward (less memory, more time)
     jacobi_init: str = "zero"        # R^(0): "zero" (ours) or "plain" (the reference's, +1 middle pass)
-    state_residual: bool = True      # R_t = s·(h_t + R_{t-1}), not h_t (on in the reference's FineWeb run)
-    state_detach: bool = False       # no gradient along the R chain (reference: off for FineWeb, on for S5)
+    recurrent_residual: bool = True      # R_t = s·(h_t + R_{t-1}), not h_t (on in the reference's FineWeb run)
+    recurrent_detach: bool = False       # no gradient along the R chain (reference: off for FineWeb, on for S5)
     gate_bias_prob: Optional[float] = None  # b_r = b_x = logit(p) (S5: 0.5); None = Linear default (FineWeb)
     gate_weight_gain: float = 1.0    # xavier-normal gain of A_r, A_x (FineWeb, S5: 1.0; reference SFT: 1e-2)
 
@@ -450,8 +450,8 @@ class GPTConfig:
                              f"and n_head by n_kv_head ({self.n_kv_head})")
         if self.layout:
             parse_layout(self.layout)
-        if self.state_mode not in STATE_MODES:
-            raise ValueError(f"state_mode {self.state_mode!r} is not one of {', '.join(STATE_MODES)}")
+        if self.state_passing not in STATE_MODES:
+            raise ValueError(f"state_passing {self.state_passing!r} is not one of {', '.join(STATE_MODES)}")
         if self.jacobi_init not in ("zero", "plain"):
             raise ValueError(f"jacobi_init {self.jacobi_init!r} is not one of 'zero', 'plain'")
         if self.mesh_trans_router_in not in ("pre", "emb"):
@@ -526,7 +526,7 @@ class GPT(nn.Module):
         start, end = cfg.recurrent_layers
         self.lower, self.middle, self.upper = self.split(start, end + 1)
         self.mesh = None
-        if cfg.layout and cfg.state_mode == "mesh":
+        if cfg.layout and cfg.state_passing == "mesh":
             # K + 3 slots: MeSH paper §4.4
             self.mesh = MeshMemory(cfg.n_embd, cfg.mesh_slots or K + 3, K + 1)
         self.gate = TemporalGate(cfg.n_embd) if cfg.t2mlr else None
@@ -693,7 +693,7 @@ class GPT(nn.Module):
 
             h(0) = f_pre(h_emb);  h(t+1) = f_core(h(t)) + h_sup(t), t = 0..K-1;  h_out = f_coda(h(K))
 
-        h_sup is the state-passing rule (state_mode): 0 (base), h(t) (+residual), h(0) (+anchor), h_emb
+        h_sup is the state-passing rule (state_passing): 0 (base), h(t) (+residual), h(0) (+anchor), h_emb
         (+anchor*). MeSH (§3.2, Eq. 3) instead writes into and reads from the slot buffer: a transitional
         write-read step forms h(0) from the prelude output h_pre, and each loop's write-read forms h(t+1).
 
@@ -708,7 +708,7 @@ class GPT(nn.Module):
         # self.prelude, self.core, self.coda: the layout's layer groups, lists of Layer (made in __init__)
         # forward the prelude once
         h = self.run_layers(h_emb, self.prelude, pos, caches, rec, "prelude")
-        if cfg.state_mode == "mesh":    # the transitional step: write h_pre into the slots, read h(0)
+        if cfg.state_passing == "mesh":    # the transitional step: write h_pre into the slots, read h(0)
             buffer = h_emb.new_zeros(self.mesh.n_slots, *h_emb.shape)         # (n_slots, B, T, C)
             buffer[0] = h_emb                                                   # m_0 = h_emb, m_1.. = 0
             router_in = h if cfg.mesh_trans_router_in == "pre" else h_emb
@@ -719,13 +719,13 @@ class GPT(nn.Module):
         for t in range(self.n_loops):
             h_core = self.run_layers(h, self.core, pos, caches)                 # f_core(h(t))
             rec.update(f"core{t}", h, h_core)
-            if cfg.state_mode == "mesh":          # MeSH: write f_core(h(t)), read h(t+1); routers see h(t)
+            if cfg.state_passing == "mesh":          # MeSH: write f_core(h(t)), read h(t+1); routers see h(t)
                 buffer, h = self.mesh.write_read(t + 1, buffer, h, h_core)
-            elif cfg.state_mode == "base":        # h(t+1) = f_core(h(t))
+            elif cfg.state_passing == "base":        # h(t+1) = f_core(h(t))
                 h = h_core
-            elif cfg.state_mode == "residual":    # h(t+1) = f_core(h(t)) + h(t)
+            elif cfg.state_passing == "residual":    # h(t+1) = f_core(h(t)) + h(t)
                 h = h_core + h
-            elif cfg.state_mode == "anchor":      # h(t+1) = f_core(h(t)) + h(0)
+            elif cfg.state_passing == "anchor":      # h(t+1) = f_core(h(t)) + h(0)
                 h = h_core + h0
             else:                                 # anchor_star: h(t+1) = f_core(h(t)) + h_emb
                 h = h_core + h_emb
@@ -775,10 +775,10 @@ class GPT(nn.Module):
         #   residual on:  u_t = h_t + R_{t-1};  R_t = s_t · u_t,
         #                 s_t = clamp(1 / sqrt(mean(u_t²) + 1e-6), 1/5, 5)
         # s_t is a stop-gradient constant computed on detach(u_t) (NOT an nn.RMSNorm: no weight, and the clamp
-        # changes values when RMS(u) > 5); state_detach also stops the gradient along the R chain.
-        if not cfg.state_residual:
+        # changes values when RMS(u) > 5); recurrent_detach also stops the gradient along the R chain.
+        if not cfg.recurrent_residual:
             return h, h
-        u = h + (state.detach() if cfg.state_detach else state)
+        u = h + (state.detach() if cfg.recurrent_detach else state)
         scale = u.detach().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
         # non-recurrent tokens write their raw h_t
         return h, (u * scale if recurrent is None else torch.where(recurrent, u * scale, h))
@@ -1315,7 +1315,7 @@ def summary(cfg: GPTConfig) -> str:
                             else f"{cfg.n_layer} layers (vanilla)")
     lines = [
         f"flavour            {cfg.flavour}",
-        f"layout             {layout}" + (f", state_mode {cfg.state_mode}" if K else ""),
+        f"layout             {layout}" + (f", state_passing {cfg.state_passing}" if K else ""),
         f"unique layers      {cfg.n_unique}",
         f"unrolled depth     {cfg.n_unrolled}",
         f"total params       {counts['total']:,}",

@@ -35,15 +35,15 @@ VARIANTS = {
     "vanilla_neox": dict(TINY, n_layer=4),
     "vanilla_llama": dict(TINY_LLAMA, n_layer=4),
     **{
-        f"recursive_{mode}": dict(TINY, layout="1+2R2+1", state_mode=mode)
+        f"recursive_{mode}": dict(TINY, layout="1+2R2+1", state_passing=mode)
         for mode in ("base", "residual", "anchor", "anchor_star", "mesh")
     },
     "mesh_emb_router_llama": dict(
-        TINY_LLAMA, layout="1+1R3+1", state_mode="mesh", mesh_trans_router_in="emb"
+        TINY_LLAMA, layout="1+1R3+1", state_passing="mesh", mesh_trans_router_in="emb"
     ),
     "t2mlr_llama": dict(TINY_LLAMA, n_layer=5, t2mlr=True, l_start=1, l_end=3),
-    "t2mlr_neox_detached": dict(TINY, n_layer=4, t2mlr=True, l_start=1, l_end=-2, state_detach=True),
-    "t2mlr_no_residual": dict(TINY_LLAMA, n_layer=4, t2mlr=True, l_start=0, l_end=-1, state_residual=False),
+    "t2mlr_neox_detached": dict(TINY, n_layer=4, t2mlr=True, l_start=1, l_end=-2, recurrent_detach=True),
+    "t2mlr_no_residual": dict(TINY_LLAMA, n_layer=4, t2mlr=True, l_start=0, l_end=-1, recurrent_residual=False),
 }
 
 
@@ -71,7 +71,7 @@ def tokens(B=3, T=24, vocab=64, seed=1):
 def test_one_loop_layout_equals_vanilla():
     """layout 0+12R1+0 with base state passing is literally the 12-layer vanilla stack."""
     vanilla = build(**dict(TINY, n_layer=12))
-    looped = GPT(GPTConfig(**dict(TINY, layout="0+12R1+0", state_mode="base"))).eval()
+    looped = GPT(GPTConfig(**dict(TINY, layout="0+12R1+0", state_passing="base"))).eval()
     looped.load_state_dict(vanilla.state_dict())
     idx = tokens()
     assert torch.allclose(vanilla(idx)[0], looped(idx)[0], atol=1e-12, rtol=0)
@@ -96,25 +96,25 @@ def test_mesh_one_hot_reproduces_base_and_residual(flavour):
     residual: write and read slot 1 always -> m_1 = h_pre + sum h_m, so h(t+1) = h(t) + f_core(h(t))."""
     K, idx = 3, tokens()
     for mode, slots in (("base", [1, 2, 3, 4]), ("residual", [1, 1, 1, 1])):
-        reference = build(**dict(flavour, layout=f"1+2R{K}+1", state_mode=mode))
-        mesh = GPT(GPTConfig(**dict(flavour, layout=f"1+2R{K}+1", state_mode="mesh"))).eval()
+        reference = build(**dict(flavour, layout=f"1+2R{K}+1", state_passing=mode))
+        mesh = GPT(GPTConfig(**dict(flavour, layout=f"1+2R{K}+1", state_passing="mesh"))).eval()
         assert mesh.mesh.n_slots == K + 3
         missing, unexpected = mesh.load_state_dict(reference.state_dict(), strict=False)
         assert unexpected == [] and all(name.startswith("mesh.") for name in missing)
         one_hot_routers(mesh, reads=slots, writes=slots)
         assert torch.allclose(mesh(idx)[0], reference(idx)[0], atol=1e-12, rtol=0), mode
     # the mapping is not vacuous: base and residual differ on these weights
-    base = build(**dict(flavour, layout=f"1+2R{K}+1", state_mode="base"))
-    residual = GPT(GPTConfig(**dict(flavour, layout=f"1+2R{K}+1", state_mode="residual"))).eval()
+    base = build(**dict(flavour, layout=f"1+2R{K}+1", state_passing="base"))
+    residual = GPT(GPTConfig(**dict(flavour, layout=f"1+2R{K}+1", state_passing="residual"))).eval()
     residual.load_state_dict(base.state_dict())
     assert (base(idx)[0] - residual(idx)[0]).abs().max() > 1e-3
 
 
-def test_state_modes_follow_their_equations():
+def test_state_passings_follow_their_equations():
     """h(t+1) = f_core(h(t)) + h_sup(t) for the heuristic modes, checked against a hand-written loop."""
     idx = tokens()
     for mode in ("base", "residual", "anchor", "anchor_star"):
-        model = build(**dict(TINY, layout="1+2R3+1", state_mode=mode))
+        model = build(**dict(TINY, layout="1+2R3+1", state_passing=mode))
         h_emb = model.wte(idx) * TINY["n_embd"] ** 0.5
         cos, sin = model.rotary(0, idx.shape[1], torch.float64, idx.device)
         h = h0 = model.layers[0](h_emb, cos, sin)
@@ -128,7 +128,7 @@ def test_state_modes_follow_their_equations():
 def test_mesh_routers_are_not_symmetric_at_init():
     """Zero router weights would keep the empty slots identical forever (the MeSH paper gives no router init;
     ours is random weights, zero bias): init must not do that."""
-    model = GPT(GPTConfig(**dict(TINY, layout="1+2R2+1", state_mode="mesh")))
+    model = GPT(GPTConfig(**dict(TINY, layout="1+2R2+1", state_passing="mesh")))
     for router in list(model.mesh.write_routers) + list(model.mesh.read_routers):
         assert router.weight.std() > 0.05 and router.bias.abs().max() == 0
 
@@ -169,14 +169,14 @@ PAPER_COUNTS = [   # (config fields, non-embedding parameters, router parameters
     # the MeSH paper's Table 5 and its router formula (with biases); last row: the T²MLR reference's
     # SmolLM2-135M
     (dict(n_embd=768, n_head=12, n_layer=12), 85_056_000, 0),
-    (dict(n_embd=768, n_head=12, layout="2+4R2+2", state_mode="mesh"), 56_704_512, 23_070),
+    (dict(n_embd=768, n_head=12, layout="2+4R2+2", state_passing="mesh"), 56_704_512, 23_070),
     (dict(n_embd=1024, n_head=16, n_layer=24), 302_311_424, 0),
-    (dict(n_embd=1024, n_head=16, layout="4+8R2+4", state_mode="mesh"), 201_541_632, 30_750),
-    (dict(n_embd=1024, n_head=16, layout="3+6R3+3", state_mode="mesh"), 151_156_736, 49_200),
+    (dict(n_embd=1024, n_head=16, layout="4+8R2+4", state_passing="mesh"), 201_541_632, 30_750),
+    (dict(n_embd=1024, n_head=16, layout="3+6R3+3", state_passing="mesh"), 151_156_736, 49_200),
     (dict(n_embd=2048, n_head=8, n_layer=16), 805_736_448, 0),
-    (dict(n_embd=2048, n_head=8, layout="3+5R2+3", state_mode="mesh"), 553_945_088, 61_470),
+    (dict(n_embd=2048, n_head=8, layout="3+5R2+3", state_passing="mesh"), 553_945_088, 61_470),
     (dict(n_embd=2048, n_head=16, n_layer=24), 1_208_602_624, 0),
-    (dict(n_embd=2048, n_head=16, layout="4+8R2+4", state_mode="mesh"), 805_736_448, 61_470),
+    (dict(n_embd=2048, n_head=16, layout="4+8R2+4", state_passing="mesh"), 805_736_448, 61_470),
     (dict(flavour="llama", n_embd=576, n_layer=30, n_head=9, n_kv_head=3, mlp_hidden=1536), 106_203_456, 0),
 ]
 
@@ -197,7 +197,7 @@ def test_pythia_total_and_summary():
     with torch.device("meta"):
         model = GPT(GPTConfig(vocab_size=50304, n_embd=2048, n_head=16, n_layer=24))
     assert model.param_counts()["total"] == 1_414_647_808
-    text = summary(GPTConfig(vocab_size=50304, n_embd=768, n_head=12, layout="2+4R2+2", state_mode="mesh"))
+    text = summary(GPTConfig(vocab_size=50304, n_embd=768, n_head=12, layout="2+4R2+2", state_passing="mesh"))
     assert "56,704,512" in text and "23,070" in text and "unrolled depth     12" in text
 
 
@@ -236,7 +236,7 @@ def naive_t2mlr_logits(model, idx):
         h = model.wte(idx[:, :t + 1]) * cfg.n_embd ** 0.5
         h = model.run_layers(h, lower, 0)
         h = model.run_layers(gate_direct(model.gate, h, torch.cat(states, dim=1)), middle, 0)
-        states.append(update_direct(h[:, -1:], states[-1], cfg.state_residual))
+        states.append(update_direct(h[:, -1:], states[-1], cfg.recurrent_residual))
         logits.append(model.lm_head(model.ln_f(model.run_layers(h, upper, 0)))[:, -1:])
     return torch.cat(logits, dim=1)
 
@@ -349,7 +349,7 @@ def test_state_update_clamps_its_stop_gradient_scale():
     _, small = model.middle_step(torch.full((1, 1, 32), 0.25), torch.full((1, 1, 32), 0.25))
     # u = 0.5, s = 1/sqrt(0.25 + 1e-6)
     assert torch.allclose(small, torch.full((1, 1, 32), 0.5 / 0.250001 ** 0.5), atol=1e-15, rtol=0)
-    model.cfg.state_residual = False                                # R_t = h_t, the raw l_end output
+    model.cfg.recurrent_residual = False                                # R_t = h_t, the raw l_end output
     assert torch.equal(model.middle_step(x, torch.ones(1, 1, 32))[1], x)
 
 
@@ -410,7 +410,7 @@ def naive_control_logits(model, idx, control):
         h = model.run_layers(is_rec * mixed + (1 - is_rec) * x, middle, 0)
         h_t, rec_t = h[:, -1:], is_rec[:, -1:]
         states.append(
-            rec_t * update_direct(h_t, states[-1], cfg.state_residual) + (1 - rec_t) * h_t
+            rec_t * update_direct(h_t, states[-1], cfg.recurrent_residual) + (1 - rec_t) * h_t
         )
         logits.append(model.lm_head(model.ln_f(model.run_layers(h, upper, 0)))[:, -1:])
     return torch.cat(logits, dim=1)
@@ -507,7 +507,7 @@ def test_identity_gate_still_receives_gradient_with_control_flow():
     T = 12
     torch.manual_seed(0)
     model = GPT(GPTConfig(**dict(VARIANTS["t2mlr_llama"], jacobi_sweeps=T, jacobi_grad_sweeps=T, rope_pct=0.0,
-                                 state_detach=True, gate_bias_prob=0.5))).train()
+                                 recurrent_detach=True, gate_bias_prob=0.5))).train()
     idx, targets, control = tokens(T=T), tokens(T=T, seed=2), mixed_control(T)
     grads = {}
     for mode in ("jacobi", "exact"):

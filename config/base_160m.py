@@ -8,7 +8,7 @@ vocab_size = 50304              # GPT-2 BPE 50257 padded to a multiple of 64 (pa
 n_embd = 768
 n_head = 12
 layout = "2+4R2+2"              # prelude + core R loops + coda; unrolled depth = 12 (compute-matched)
-state_mode = "base"
+state_passing = "base"
 block_size = 4096               # the paper's sequence length (Pythia used 2048)
 
 # data and optimisation (as the MeSH paper states them, unless a line says otherwise)

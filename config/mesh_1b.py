@@ -8,7 +8,7 @@ vocab_size = 50304              # GPT-2 BPE 50257 padded to a multiple of 64 (pa
 n_embd = 2048
 n_head = 8
 layout = "3+5R2+3"              # prelude + core R loops + coda; unrolled depth = 16 (compute-matched)
-state_mode = "mesh"
+state_passing = "mesh"
 block_size = 4096               # the paper's sequence length (Pythia used 2048)
 
 # data and optimisation (as the MeSH paper states them, unless a line says otherwise)

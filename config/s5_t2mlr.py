@@ -17,8 +17,8 @@ l_start = 1                    # the gate mixes R_{t-1} into the input of layer 
 l_end = 4                      # R_t is written from the output of layer 4
 jacobi_sweeps = 16             # D: Jacobi sweeps per step, the final one included (positions < D exact)
 jacobi_grad_sweeps = 4         # b: sweeps before the final one that keep gradient (b + 1 with autograd)
-state_residual = True          # R_t = s·(h_t + R_{t-1})
-state_detach = True            # no gradient along the R chain (the S5 scripts)
+recurrent_residual = True          # R_t = s·(h_t + R_{t-1})
+recurrent_detach = True            # no gradient along the R chain (the S5 scripts)
 gate_bias_prob = 0.5           # gate biases logit(0.5) = 0
 gate_weight_gain = 1.0
 

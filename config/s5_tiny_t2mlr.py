@@ -20,8 +20,8 @@ l_start = 1
 l_end = 2
 jacobi_sweeps = 16             # D: Jacobi sweeps per step, the final one included (positions < D exact)
 jacobi_grad_sweeps = 4         # b: sweeps before the final one that keep gradient (b + 1 with autograd)
-state_residual = True
-state_detach = True
+recurrent_residual = True
+recurrent_detach = True
 gate_bias_prob = 0.5
 gate_weight_gain = 1.0
 

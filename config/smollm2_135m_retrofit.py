@@ -17,8 +17,8 @@ l_start = 12
 l_end = 17
 jacobi_sweeps = 16             # D: Jacobi sweeps per step, the final one included (positions < D exact)
 jacobi_grad_sweeps = 4         # b: sweeps before the final one that keep gradient (b + 1 with autograd)
-state_residual = True
-state_detach = False
+recurrent_residual = True
+recurrent_detach = False
 gate_weight_gain = 0.01         # small gate weights, as the reference fine-tunes pretrained models
 block_size = 2048               # the checkpoint allows 8192; 2048 as in the paper's pretraining runs
 

@@ -25,8 +25,8 @@ l_start = 12                    # the gate mixes R_{t-1} into the input of layer
 l_end = 17                      # the state R_t is written from the output of layer 17
 jacobi_sweeps = 16             # D: Jacobi sweeps per step, the final one included (positions < D exact)
 jacobi_grad_sweeps = 4         # b: sweeps before the final one that keep gradient (b + 1 with autograd)
-state_residual = True           # R_t = s·(h_t + R_{t-1}), clamped stop-gradient RMS scale s
-state_detach = False            # gradient flows along the R chain (FineWeb setting)
+recurrent_residual = True           # R_t = s·(h_t + R_{t-1}), clamped stop-gradient RMS scale s
+recurrent_detach = False            # gradient flows along the R chain (FineWeb setting)
 
 # data and optimisation (the reference's scripts/fineweb/train_fineweb.sh and its sweep)
 dataset = "fineweb_edu"         # FineWeb-Edu sample-10BT, as the reference

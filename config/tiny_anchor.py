@@ -9,7 +9,7 @@ block_size = 256               # context length: long enough for a few lines of 
 n_embd = 128                   # small enough for CPU, wide enough for the loss to fall well below unigram
 n_head = 4                     # head dim 32
 layout = "2+2R2+2"             # 2 prelude + 2 core layers looped K=2 times + 2 coda: unrolled depth 8
-state_mode = "anchor"          # how the state passes between the two core loops
+state_passing = "anchor"          # how the state passes between the two core loops
 
 # data
 dataset = "pydoc"              # the Python reference manual that ships with CPython: no download needed

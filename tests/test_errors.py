@@ -65,7 +65,7 @@ CASES = {
     ),
     "mesh_slots < 2": (
         "train.py",
-        ["--layout=1+1R2+1", "--state_mode=mesh", "--mesh_slots=1"],
+        ["--layout=1+1R2+1", "--state_passing=mesh", "--mesh_slots=1"],
         r"mesh_slots = 1 must be >= 2",
     ),
     "block_size < 1": ("train.py", ["--block_size=0"], r"block_size = 0 must be >= 1"),
@@ -240,7 +240,7 @@ RANGE_CASES = [
     (GPTConfig, "rope_theta", [0.0, -1.0, INF, NAN], [1e-9], {}),
     (GPTConfig, "rope_pct", [1.5, -0.25, 1.0001, NAN], [0.0, 1.0], {}),
     (GPTConfig, "norm_eps", [0.0, -1e-5, NAN], [1e-12], {}),
-    (GPTConfig, "mesh_slots", [1, 0], [2], dict(layout="1+1R2+1", state_mode="mesh")),
+    (GPTConfig, "mesh_slots", [1, 0], [2], dict(layout="1+1R2+1", state_passing="mesh")),
     (GPTConfig, "jacobi_sweeps", [0], [1], dict(T2, jacobi_grad_sweeps=1)),
     (GPTConfig, "jacobi_grad_sweeps", [-1], [0], T2),
     (GPTConfig, "gate_bias_prob", [0.0, 1.0, NAN], [1e-6, 1 - 1e-6], T2),

@@ -17,7 +17,7 @@ import torch
 
 from model import GPT, GPTConfig, Recorder, parse_layout
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(vocab_size=64, block_size=32, n_embd=32, n_head=4)
 
 
@@ -37,8 +37,8 @@ def test_layout_parses_and_sets_depths():
 
 @pytest.mark.parametrize("fields,words", [
     (dict(layout="1+2R0+1"), ["'1+2R0+1'"]),
-    (dict(state_mode="memory"), ["'memory'", "mesh"]),
-    (dict(mesh_slots=1, layout="1+1R2+1", state_mode="mesh"), ["mesh_slots = 1", ">= 2"]),
+    (dict(state_passing="memory"), ["'memory'", "mesh"]),
+    (dict(mesh_slots=1, layout="1+1R2+1", state_passing="mesh"), ["mesh_slots = 1", ">= 2"]),
     (dict(block_size=0), ["block_size = 0"]),
     (dict(flavour="gpt"), ["'gpt'", "llama"]),
     (dict(flavour="llama"), ["mlp_hidden"]),
@@ -79,7 +79,7 @@ def test_init_follows_the_recipe():
     The out-projection scaling is the MeSH paper's depth-aware init; the paper gives no base std or bias init,
     so Huginn's std and zero biases are our choice."""
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=512, block_size=32, n_embd=256, n_head=4, layout="2+2R3+2", state_mode="mesh")
+    cfg = GPTConfig(vocab_size=512, block_size=32, n_embd=256, n_head=4, layout="2+2R3+2", state_passing="mesh")
     model = GPT(cfg)
     std = math.sqrt(2 / (5 * 256))
     assert abs(model.wte.weight.std().item() / std - 1) < 0.02
@@ -109,7 +109,7 @@ def test_embeddings_are_scaled_by_sqrt_d():
 def test_probes_collect_every_state_and_block():
     """The recorder: h_emb, h(0)..h(K), h_out and one (input, output) pair per layer or unit applied, without
     changing logits."""
-    model = GPT(GPTConfig(**TINY, layout="2+1R3+1", state_mode="mesh")).eval()
+    model = GPT(GPTConfig(**TINY, layout="2+1R3+1", state_passing="mesh")).eval()
     idx = torch.randint(0, 64, (2, 10))
     rec = Recorder()
     logits = model(idx, recorder=rec)[0]
@@ -132,7 +132,7 @@ def test_flop_accounting_counts_unrolled_depth_and_sweeps():
     """A looped model costs like its unrolled vanilla twin; Jacobi costs D forward and b+1 backward middle
     passes."""
     vanilla = GPT(GPTConfig(**TINY, n_layer=6))
-    looped = GPT(GPTConfig(**TINY, layout="1+2R2+1", state_mode="base"))
+    looped = GPT(GPTConfig(**TINY, layout="1+2R2+1", state_passing="base"))
     assert vanilla.train_flops_per_token() == looped.train_flops_per_token()
     cfg = dict(TINY, n_layer=4, t2mlr=True, l_start=1, l_end=2, jacobi_sweeps=5, jacobi_grad_sweeps=2)
     t2mlr = GPT(GPTConfig(**cfg))
@@ -152,7 +152,7 @@ def test_generate_greedy_matches_argmax_of_full_forward():
     """Greedy generation with the KV cache picks, at every step, the argmax of a full recompute."""
     torch.manual_seed(0)
     for fields in (
-        dict(layout="1+1R2+1", state_mode="mesh"),
+        dict(layout="1+1R2+1", state_passing="mesh"),
         dict(n_layer=3, t2mlr=True, l_start=1, l_end=1),
     ):
         model = GPT(GPTConfig(**TINY, **fields)).eval()
@@ -354,7 +354,7 @@ def greedy_by_full_recompute(model, idx, n, recurrent_prompt=False):
 
 
 GENERATE_VARIANTS = {"vanilla": dict(n_layer=2),
-                     "mesh": dict(layout="1+1R2+1", state_mode="mesh"),
+                     "mesh": dict(layout="1+1R2+1", state_passing="mesh"),
                      "t2mlr": dict(flavour="llama", mlp_hidden=48, n_layer=3, t2mlr=True, l_start=1, l_end=1)}
 
 

@@ -26,7 +26,7 @@ from train import (RunError, TrainConfig, get_batch, get_lr, grad_accum_steps, l
                    model_config_from_checkpoint, random_starts, rng_states, save_checkpoint, set_rng_states,
                    step_starts, train_config_from_checkpoint, val_starts)
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--n_layer=2", "--n_embd=32", "--n_head=2", "--block_size=32", "--vocab_size=320",
         "--batch_size=4", "--total_batch_size=256", "--eval_iters=2", "--log_interval=1",
         "--device=cpu", "--compile=False", "--progress=False", "--learning_rate=1e-2", "--min_lr=1e-3",

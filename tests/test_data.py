@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 if "TIKTOKEN_CACHE_DIR" not in os.environ:  # before the first tiktoken.get_encoding call
     os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken_cache")

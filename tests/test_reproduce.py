@@ -18,11 +18,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-import reproduce
+from studies import reproduce
 import train
 from model import GPT, GPTConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # -----------------------------------------------------------------------------
@@ -171,11 +171,11 @@ def test_arms_share_the_seeds_reference_weights_wherever_shapes_agree():
     assert all(torch.equal(t2[k], plain[k]) for k in plain) and any(k.startswith("gate.") for k in t2)
 
 
-def mesh_pair(state_mode, seed=0):
+def mesh_pair(state_passing, seed=0):
     cfg = dict(flavour="neox", vocab_size=64, block_size=16, n_embd=32, n_head=2, layout="1+1R3+1")
     torch.manual_seed(seed)
-    mesh = GPT(GPTConfig(**cfg, state_mode="mesh")).double()
-    other = GPT(GPTConfig(**cfg, state_mode=state_mode)).double()
+    mesh = GPT(GPTConfig(**cfg, state_passing="mesh")).double()
+    other = GPT(GPTConfig(**cfg, state_passing=state_passing)).double()
     other.load_state_dict({k: v for k, v in mesh.state_dict().items() if not k.startswith("mesh.")})
     return mesh, other
 
@@ -299,7 +299,7 @@ def test_quick_mode_end_to_end_slow(pydoc, tmp_path):
     """`reproduce.py --quick` trains every arm of both studies (2 seeds, a few steps), probes, evaluates the
     Jacobi gaps, writes the per-run JSONs, reproduce.json, reproduce.md and the figures; run again, it skips
     every run and assembles the same report."""
-    cmd = [sys.executable, os.path.join(HERE, "reproduce.py"), "--quick", "--data_dir", pydoc,
+    cmd = [sys.executable, "-m", "studies.reproduce", "--quick", "--data_dir", pydoc,
            "--out_dir", str(tmp_path / "out")]
     t0 = time.time()
     first = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=600)

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-import probe
+from studies import probe
 import sample
 import train
 from model import GPT, GPTConfig

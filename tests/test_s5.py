@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from s5_retrieval import (
+from studies.s5_retrieval import (
     PERMUTATIONS,
     TOKENIZER,
     LSTMLM,
@@ -30,7 +30,7 @@ from s5_retrieval import (
     score,
 )
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def compose_as_functions(actions):
@@ -220,7 +220,7 @@ def test_configs_are_parameter_matched(prefix, width):
 
 def test_quick_run_lowers_the_training_loss(tmp_path):
     out = tmp_path / "quick"
-    result = subprocess.run([sys.executable, "s5_retrieval.py", "--quick", f"--out_dir={out}"], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "studies.s5_retrieval", "--quick", f"--out_dir={out}"], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     results = json.loads((out / "results.json").read_text())
@@ -340,7 +340,7 @@ def test_plot_writes_the_figure_and_the_curves(tmp_path):
 ])
 def test_bad_input_is_one_error_line(tmp_path, args, message):
     result = subprocess.run(
-        [sys.executable, "s5_retrieval.py", "config/s5_tiny_t2mlr.py", f"--out_dir={tmp_path}/run", *args],
+        [sys.executable, "-m", "studies.s5_retrieval", "config/s5_tiny_t2mlr.py", f"--out_dir={tmp_path}/run", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -365,7 +365,7 @@ def test_bad_input_is_one_error_line(tmp_path, args, message):
 )
 def test_modes_refuse_what_they_would_silently_ignore(args, message):
     result = subprocess.run(
-        [sys.executable, "s5_retrieval.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "studies.s5_retrieval", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1 and re.search(message, lines[0]), result.stderr

@@ -235,7 +235,7 @@ def describe(cfg: GPTConfig) -> str:
         start, end = cfg.recurrent_layers
         return f"T²MLR ({cfg.flavour}), layers {start}..{end} of {cfg.n_layer} recurrent"
     if cfg.layout:
-        return f"recursive {cfg.layout}, {cfg.state_mode}"
+        return f"recursive {cfg.layout}, {cfg.state_passing}"
     return f"vanilla ({cfg.flavour}), {cfg.n_layer} layers"
 
 

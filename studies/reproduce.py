@@ -80,7 +80,7 @@ from typing import Optional
 
 import torch
 
-import probe
+from studies import probe
 import train
 from model import GPT, GPTConfig
 
@@ -272,10 +272,10 @@ class Run:
         )
 
 
-def neox_model(pr, layout="", state_mode="base"):
+def neox_model(pr, layout="", state_passing="base"):
     cfg = {"flavour": "neox", "vocab_size": pr.vocab_size, "block_size": pr.block_size, "n_embd": pr.n_embd,
            "n_head": pr.n_head}
-    return cfg | ({"layout": layout, "state_mode": state_mode} if layout else {"n_layer": 8})
+    return cfg | ({"layout": layout, "state_passing": state_passing} if layout else {"n_layer": 8})
 
 
 def llama_model(pr, t2mlr=False):

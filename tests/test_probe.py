@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import probe
+from studies import probe
 from model import GPT, GPTConfig
 
 
@@ -91,7 +91,7 @@ def test_skew_of_an_identity_block_is_zero():
 TINY = dict(vocab_size=64, block_size=32, n_embd=32, n_head=4)
 VARIANTS = {
     "vanilla": dict(n_layer=3),
-    "mesh": dict(layout="1+1R3+1", state_mode="mesh"),
+    "mesh": dict(layout="1+1R3+1", state_passing="mesh"),
     "t2mlr": dict(flavour="llama", mlp_hidden=64, n_layer=4, t2mlr=True, l_start=1, l_end=2, jacobi_sweeps=4),
 }
 

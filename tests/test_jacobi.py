@@ -119,7 +119,7 @@ def test_tol_stop_is_within_the_bound_it_implies(tol):
     and ρ < 1 the largest measured ratio Δ_{j+1} / Δ_j after the stop."""
     T = 24
     model = build(
-        theta=(0.05, 0.05), state_residual=False, jacobi_sweeps=T, jacobi_grad_sweeps=0, jacobi_tol=tol
+        theta=(0.05, 0.05), recurrent_residual=False, jacobi_sweeps=T, jacobi_grad_sweeps=0, jacobi_tol=tol
     )
     idx = tokens(T=T)
     with torch.no_grad():
@@ -145,7 +145,7 @@ def test_tol_gradient_flows_through_the_final_and_exactly_b_sweeps():
     """A stop after k free sweeps is the fixed-D computation with D = k + b + 1: equal values and gradients,
     and those differ from a computation with one gradient sweep fewer."""
     idx, targets = tokens(T=16), tokens(T=16, seed=2)
-    stopped = build(theta=(0.05, 0.05), state_residual=False, jacobi_sweeps=16, jacobi_grad_sweeps=3,
+    stopped = build(theta=(0.05, 0.05), recurrent_residual=False, jacobi_sweeps=16, jacobi_grad_sweeps=3,
                     jacobi_tol=1e-3).train()
     loss = torch.nn.functional.cross_entropy(stopped(idx, mode="jacobi")[0].flatten(0, 1), targets.flatten())
     D = stopped.jacobi_passes
@@ -153,7 +153,7 @@ def test_tol_gradient_flows_through_the_final_and_exactly_b_sweeps():
     assert 4 < D < 16
     loss.backward()
     for b, same in ((3, True), (2, False)):
-        fixed = build(theta=(0.05, 0.05), state_residual=False, jacobi_sweeps=D, jacobi_grad_sweeps=b).train()
+        fixed = build(theta=(0.05, 0.05), recurrent_residual=False, jacobi_sweeps=D, jacobi_grad_sweeps=b).train()
         fixed_loss = torch.nn.functional.cross_entropy(
             fixed(idx, mode="jacobi")[0].flatten(0, 1), targets.flatten()
         )
@@ -212,7 +212,7 @@ def test_converged_prefill_then_decoding_equals_exact_generation():
 
 def test_converged_prefill_tolerance_trades_sweeps_for_bounded_error():
     T = 40
-    model = build(theta=(0.05, 0.05), state_residual=False, block_size=T)
+    model = build(theta=(0.05, 0.05), recurrent_residual=False, block_size=T)
     idx = tokens(T=T)
     with torch.no_grad():
         exact = model(idx, mode="exact")[0]

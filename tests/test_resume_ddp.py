@@ -33,7 +33,7 @@ ARCHS = {
     # keys), so its "gradient" is rounding noise, which Adam scales up to lr-sized steps that differ between
     # any two summation orders; without it the weights of the two setups can be compared at 1e-6.
     "vanilla": ["--bias=False"],
-    "mesh": ["--layout=1+1R2+1", "--state_mode=mesh", "--bias=False"],
+    "mesh": ["--layout=1+1R2+1", "--state_passing=mesh", "--bias=False"],
     "t2mlr": ["--flavour=llama", "--n_layer=3", "--mlp_hidden=64", "--t2mlr=True", "--l_start=1", "--l_end=2",
               "--jacobi_sweeps=4", "--jacobi_grad_sweeps=2"],
 }
