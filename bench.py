@@ -53,6 +53,7 @@ from contextlib import nullcontext
 import torch
 
 from model import GPT, GPTConfig
+from support.accounting import count_middle_passes, train_flops_per_token
 
 # Model shapes per size. "neox" holds the MeSH family's shared fields, "llama" the T²MLR family's.
 SIZES = {
@@ -354,11 +355,12 @@ def run(
     fns = {n: train_step_fn(m, optimizers[n], x, y, device, autocast) for n, m in models.items()}
     fns["matmul"] = matmul_fn(s["matmul"], device, dtype)
     passes = []                                  # middle-layer passes of every t2mlr_tol forward
-    step_tol = fns["t2mlr_tol"]
+    step_tol, counter = fns["t2mlr_tol"], count_middle_passes(models["t2mlr_tol"])
 
     def step_tol_counted():
+        counter.n = 0
         times = step_tol()
-        passes.append(models["t2mlr_tol"].jacobi_passes)
+        passes.append(counter.n)
         return times
     fns["t2mlr_tol"] = step_tol_counted
     t = interleaved(fns, repeats, warmup)
@@ -367,16 +369,16 @@ def run(
     result["matmul_peak_flops"] = peak
     for n, m in models.items():
         memory, activations = train_memory_mb(m, optimizers[n], x, y, device, autocast)
-        flops = m.train_flops_per_token(T) * B * T
+        flops = train_flops_per_token(m, T) * B * T
         base = BASELINE[n]
         result["variants"][n] = {
             "baseline": base, "params": sum(p.numel() for p in m.parameters()),
-            "train_flops_per_token": m.train_flops_per_token(T),
+            "train_flops_per_token": train_flops_per_token(m, T),
             "fwd_bwd_ms": 1e3 * statistics.median(t[n]["fwd_bwd"]),
             "step_ms": 1e3 * statistics.median(t[n]["step"]),
             "fwd_bwd_ratio": ratio(t[n]["fwd_bwd"], t[base]["fwd_bwd"]),
             "step_ratio": ratio(t[n]["step"], t[base]["step"]),
-            "flop_ratio": m.train_flops_per_token(T) / models[base].train_flops_per_token(T),
+            "flop_ratio": train_flops_per_token(m, T) / train_flops_per_token(models[base], T),
             # per round: (model FLOPs / step time) / (matmul FLOPs / matmul time) of the same round
             "mfu_fwd_bwd": flops / (2 * s["matmul"] ** 3) / ratio(t[n]["fwd_bwd"], mm),
             "mfu_step": flops / (2 * s["matmul"] ** 3) / ratio(t[n]["step"], mm),
@@ -432,8 +434,9 @@ def run(
         idx = torch.randint(vocab, (1, n_tokens), generator=gen).to(device)
         with torch.no_grad(), autocast:
             exact = t2(idx, mode="exact")[0].float()
-            diff = (t2(idx, mode="converged", tol=prefill_tol)[0].float() - exact).abs().max().item()
-        used = t2.jacobi_passes
+            with count_middle_passes(t2) as counter:
+                diff = (t2(idx, mode="converged", tol=prefill_tol)[0].float() - exact).abs().max().item()
+        used = counter.n
         t = interleaved(
             {m: prefill_fn(t2, idx, device, autocast, m, prefill_tol) for m in ("exact", "converged")},
             repeats,

@@ -16,7 +16,8 @@ Run: python -m pytest -q test_equivalence.py
 import pytest
 import torch
 
-from model import GPT, GPTConfig, summary
+from model import GPT, GPTConfig
+from support.accounting import param_counts, summary
 
 
 @pytest.fixture(autouse=True)
@@ -186,7 +187,7 @@ def test_paper_parameter_counts(fields, non_embedding, router):
     """Non-embedding counts equal the papers' exactly (built on the meta device: no memory)."""
     with torch.device("meta"):
         model = GPT(GPTConfig(vocab_size=50304, block_size=128, **fields))
-    counts = model.param_counts()
+    counts = param_counts(model)
     assert counts["non_embedding"] == non_embedding
     assert counts["router"] == router
 
@@ -196,7 +197,7 @@ def test_pythia_total_and_summary():
     numbers."""
     with torch.device("meta"):
         model = GPT(GPTConfig(vocab_size=50304, n_embd=2048, n_head=16, n_layer=24))
-    assert model.param_counts()["total"] == 1_414_647_808
+    assert param_counts(model)["total"] == 1_414_647_808
     text = summary(GPTConfig(vocab_size=50304, n_embd=768, n_head=12, layout="2+4R2+2", state_passing="mesh"))
     assert "56,704,512" in text and "23,070" in text and "unrolled depth     12" in text
 
@@ -359,7 +360,7 @@ def test_middle_step_gate_equals_the_direct_form():
     model = identity_middle(build(**VARIANTS["t2mlr_llama"]))
     x, r = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     recurrent = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool).unsqueeze(-1)
-    h, _ = model.middle_step(x, r, recurrent=recurrent, gates_x=model.gate.gates_x(x))
+    h, _ = model.middle_step(x, r, recurrent=recurrent, x_part=model.gate.gates_x(x))
     want = torch.where(recurrent, gate_direct(model.gate, x, r), x)
     assert (h - want).abs().max() <= 1e-14 and (h - x)[recurrent.expand_as(x)].abs().min() > 0
 

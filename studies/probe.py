@@ -2,14 +2,14 @@
 See inside a trained model: MeSH's three diagnostics of the hidden states (MeSH paper §4.1, Fig. 1),
 for every variant of model.py (vanilla, base / residual / anchor / anchor* / mesh recursion, T²MLR).
 
-    python probe.py out/tiny_mesh/ckpt.pt                     # 64 val sequences, written next to ckpt.pt
-    python probe.py out/tiny_mesh/ckpt.pt --num_seqs 500 --out assets   # the paper used 500 sequences
+    python -m studies.probe out/tiny_mesh/ckpt.pt              # 64 val sequences, written next to ckpt.pt
+    python -m studies.probe out/tiny_mesh/ckpt.pt --num_seqs 500 --out assets   # the paper used 500
 
 On N validation windows of block_size tokens (the fixed, evenly strided windows of train.val_starts), it
 measures
 
 (a) computational skew: the relative update r = 2‖f(h) − h‖_F / (‖f(h)‖_F + ‖h‖_F) of every unit applied
-    (the Recorder's updates), per sequence (Frobenius norm over the T×C matrix), mean ± std over sequences.
+    (read by forward hooks, class Taps), per sequence (Frobenius norm over the T×C matrix), mean ± std over sequences.
     Units: recursive models as the paper (the whole prelude, each core loop with f(h) = the core output before
     any state passing, the whole coda); vanilla per layer; T²MLR per layer plus the gate, once with the
     recurrent state and once with it zeroed (R ≡ 0, so the difference is what the state contributes);
@@ -18,20 +18,23 @@ measures
 (c) the normalised singular values σ_i/σ_0 (top 50) of each raw state matrix, and its effective rank
     exp(H(σ/Σσ)).
 
-States: h_emb, h(0) .. h(K), h_out for recursive models (forward(recorder=Recorder())); h_emb and every
+States: h_emb, h(0) .. h(K), h_out for recursive models (the first core layer's input is h(t)); h_emb and every
 layer's output (the last is h_out) for vanilla and T²MLR. Writes OUT/probe.json and, if matplotlib is
 installed, OUT/probe_skew.png, OUT/probe_cka.png, OUT/probe_spectra.png. All the math is in float64.
 """
 
 import argparse
 import json
+import math
 import os
 import sys
 
 import torch
 
-from model import GPTConfig, Recorder
-from train import RunError, get_batch, load_meta, load_model, val_starts
+from model import GPTConfig
+from support.checkpoints import load_model
+from support.data import get_batch, load_meta, val_starts
+from support.runtime import RunError
 
 
 # -----------------------------------------------------------------------------
@@ -107,71 +110,90 @@ def effective_rank(sigma):
 
 
 # -----------------------------------------------------------------------------
-# What is probed: units (name, input, output) and states, for one batch of sequences
+# What is probed: units (name, input, output) and states, for one batch of sequences, read from outside the
+# model by forward hooks (model.py knows nothing of probes)
 
-def grouped(units, prefix, name):
-    """Merge consecutive per-layer units prefix0, prefix1, ... into one unit (name, first input, last
-    output), or [] when there are none (the paper treats the prelude and the coda each as one unit, its
-    "block")."""
-    part = [u for u in units if u[0].startswith(prefix)]
-    return [(name, part[0][1], part[-1][2])] if part else []
+class Taps:
+    """Forward hooks on `modules` that keep the (input, output) of every call, in order: `calls[module]`.
+    The first positional argument is the input (a Layer's h, the gate's x, ln_f's h_out, wte's idx). Use as
+    a context manager: the hooks are removed on exit."""
+
+    def __init__(self, modules):
+        self.calls = {m: [] for m in modules}
+        self.handles = [m.register_forward_hook(self.keep) for m in self.calls]
+
+    def keep(self, module, args, output):
+        self.calls[module].append((args[0], output))
+
+    def joined(self, module):
+        """(input, output) of all of module's calls joined along the positions: the exact T²MLR loop runs the
+        gate and the middle layers once per token."""
+        ins, outs = zip(*self.calls[module])
+        return torch.cat(ins, dim=1), torch.cat(outs, dim=1)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+
+def embedding(model, taps):
+    """h_emb (B, T, C) from the tapped token embedding, scaled as GPT.forward scales it (MeSH §4.1)."""
+    h = taps.calls[model.wte][0][1]
+    return h * math.sqrt(model.cfg.n_embd) if model.cfg.embed_scale else h
+
+
+def unit(taps, layers, name):
+    """One unit made of consecutive `layers` (the paper's "block", e.g. the whole prelude): (name, the first
+    layer's input, the last layer's output) for each call, joined; [] when there are no layers."""
+    if not layers:
+        return []
+    return [(name, taps.joined(layers[0])[0], taps.joined(layers[-1])[1])]
 
 
 @torch.no_grad()
 def depth_probe(model, idx):
     """Vanilla and recursive models. idx (B, T) -> (units [(name, h, f(h))], states {name: (B, T, C)})."""
-    rec = Recorder()
-    model(idx, recorder=rec)
-    units, states = rec.updates, rec.states
-    if model.cfg.depth[2] == 0:     # vanilla: every layer is a unit and its output a state
-        states = (
-            {"h_emb": states["h_emb"]}
-            | {name: out for name, _, out in units[:-1]}
-            | {"h_out": states["h_out"]}
-        )
-        return units, states
-    cores = [b for b in units if b[0].startswith("core")]
-    return grouped(units, "prelude", "prelude") + cores + grouped(units, "coda", "coda"), states
+    layers = list(model.layers)
+    with Taps([model.wte, model.ln_f, *layers]) as taps:
+        model(idx)
+    h_emb, h_out = embedding(model, taps), taps.calls[model.ln_f][0][0]
+    if not model.cfg.layout:     # vanilla: every layer is a unit and its output a state
+        units = [(f"layer{i}", *taps.calls[layer][0]) for i, layer in enumerate(layers)]
+        return units, {"h_emb": h_emb} | {name: out for name, _, out in units[:-1]} | {"h_out": h_out}
+    # recursive: the first core layer's input at loop t is h(t), the last core layer's output f_core(h(t))
+    core_in, core_out = taps.calls[model.core[0]], taps.calls[model.core[-1]]
+    cores = [(f"core{t}", core_in[t][0], core_out[t][1]) for t in range(len(core_in))]
+    h_last = taps.calls[model.coda[0]][0][0] if model.coda else h_out            # h(K)
+    states = {"h_emb": h_emb} | {f"h({t})": h for t, (h, _) in enumerate(core_in)} | {f"h({len(core_in)})": h_last}
+    return unit(taps, model.prelude, "prelude") + cores + unit(taps, model.coda, "coda"), states | {"h_out": h_out}
 
 
 @torch.no_grad()
 def t2mlr_probe(model, idx):
     """T²MLR in exact mode, per layer. idx (B, T) -> (units, units with R ≡ 0, states).
 
-    forward(recorder=...) in exact mode reports the middle layers as one unit (they run token by token), and
-    the states R_t every token wrote. So the middle is split here: given the states R_{t−1} of all positions,
-    the token-by-token pass through the middle layers (each token attending to the cached keys of earlier
-    tokens) equals one causal parallel middle_step over all positions, which reports the gate and each
-    layer. The result is checked against the exact forward. Unit names use global layer indices, "gate"
-    sits before l_start.
-    """
+    The exact forward runs the gate and the middle layers token by token: their calls are joined along the
+    positions. The units with R ≡ 0 rerun the gate, the middle and the upper layers on the same x with the
+    state zeroed (no recurrence left, so in parallel). Unit names use global layer indices; "gate" sits
+    before l_start."""
     start, _ = model.cfg.recurrent_layers
-    rec = Recorder()
-    model(idx, mode="exact", recorder=rec)
-    lower_units = [(f"layer{i}", h, f_h) for i, (_, h, f_h) in enumerate(rec.updates[:start])]
-    x, h_middle = next((h, f_h) for name, h, f_h in rec.updates if name == "middle")
-    written = rec.states["R"]                                                     # R_t, (B, T, C)
-    r_prev = torch.cat([torch.zeros_like(written[:, :1]), written[:, :-1]], dim=1)   # R_{t-1} at position t
-
-    def upper_part(r_prev):
-        """gate, middle layers and upper layers, each as a unit, with the recurrent state r_prev (B, T, C)."""
-        run = Recorder()
-        h, _ = model.middle_step(x, r_prev, rec=run)
-        model.run_layers(h, model.upper, 0, recorder=run)
-        gate, layers = run.updates[0], run.updates[1:]
-        return [gate] + [(f"layer{start + i}", h, f_h) for i, (_, h, f_h) in enumerate(layers)]
-
-    units, units_no_state = lower_units + upper_part(r_prev), lower_units + upper_part(
-        torch.zeros_like(x)
-    )
-    h_check = units[start + len(model.middle)][2]             # the output of layer l_end
-    if not torch.allclose(h_check, h_middle, rtol=1e-4, atol=1e-4 * h_middle.abs().max().item()):
-        raise RuntimeError(
-            "the per-layer reconstruction of the T²MLR middle layers disagrees with exact_forward "
-            f"(max diff {(h_check - h_middle).abs().max().item():.3g}); has model.py's recurrence changed?"
-        )
-    layer_outputs = [(name, f_h) for name, _, f_h in units if name != "gate"]
-    states = {"h_emb": rec.states["h_emb"]} | dict(layer_outputs[:-1]) | {"h_out": rec.states["h_out"]}
+    layers = list(model.layers)
+    with Taps([model.wte, model.ln_f, model.gate, *layers]) as taps:
+        model(idx, mode="exact")
+    named = [(f"layer{i}", layer) for i, layer in enumerate(layers)]
+    units = [(name, *taps.joined(layer)) for name, layer in named]
+    units.insert(start, ("gate", *taps.joined(model.gate)))
+    x = taps.joined(model.gate)[0]                                                 # the input of l_start
+    with Taps([model.gate, *model.middle, *model.upper]) as zero:
+        h, _ = model.middle_step(x, torch.zeros_like(x))
+        model.run_layers(h, model.upper, 0)
+    units_no_state = units[:start] + [("gate", *zero.joined(model.gate))] + [
+        (name, *zero.joined(layer)) for name, layer in named[start:]]
+    outputs = [(name, f_h) for name, _, f_h in units if name != "gate"]
+    states = {"h_emb": embedding(model, taps)} | dict(outputs[:-1]) | {"h_out": taps.calls[model.ln_f][0][0]}
     return units, units_no_state, states
 
 
@@ -321,7 +343,7 @@ def plot(result, out_dir, title):
 
 def validation_sequences(ckpt, num_seqs, seq_len, data_dir=None):
     """(num_seqs, seq_len) int64 token ids: the evenly strided validation windows of the checkpoint's data set
-    (train.val_starts), so every variant is probed on the same tokens. Returns (ids, data_dir, overlap) where
+    (support.data.val_starts), so every variant is probed on the same tokens. Returns (ids, data_dir, overlap) where
     overlap says that windows share tokens (the val split is shorter than num_seqs * seq_len)."""
     tc = ckpt["train_config"]
     data_dir = data_dir or tc.get("data_dir") or os.path.join("data", tc["dataset"])

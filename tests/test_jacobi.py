@@ -10,7 +10,7 @@ T²MLR's Jacobi options, each against what it claims to equal (float64, CPU); al
 - jacobi_checkpoint: the same values and gradients, fewer bytes held for backward.
 - jacobi_init "plain" (the reference's warm start): the exactness front is at D for both starts.
 
-    python -m pytest -q test_jacobi.py
+    python -m pytest -q tests/test_jacobi.py
 """
 
 import pytest
@@ -18,6 +18,7 @@ import torch
 
 from bench import SavedTensorMeter
 from model import GPT, GPTConfig
+from support.accounting import count_middle_passes, layer_passes, train_flops_per_token
 
 TINY_LLAMA = dict(
     vocab_size=64,
@@ -45,6 +46,9 @@ def build(seed=0, theta=(0.6, -0.3), dtype=torch.float64, **kw):
                 p.add_(0.1 * torch.randn_like(p))
         model.gate.theta_r.fill_(theta[0])
         model.gate.theta_x.fill_(theta[1])
+    # model.passes.n: the middle-layer passes of the last forward, counted from outside by a hook
+    model.passes = count_middle_passes(model)
+    model.register_forward_pre_hook(lambda m, args: setattr(m.passes, "n", 0))
     return model.eval()
 
 
@@ -62,9 +66,9 @@ def lower_output(model, idx):
     return model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, model.lower, 0)
 
 
-def logits_from_state(model, x, state, gates_x=None, recurrent=None, gammas=None):
+def logits_from_state(model, x, state, x_part=None, recurrent=None):
     """The final sweep from a given state R^(D-1): middle_step, the upper layers and the head."""
-    h, _ = model.middle_step(x, state, recurrent=recurrent, gates_x=gates_x, gammas=gammas)
+    h, _ = model.middle_step(x, state, recurrent=recurrent, x_part=x_part)
     return model.lm_head(model.ln_f(model.run_layers(h, model.upper, 0)))
 
 
@@ -75,12 +79,11 @@ def fixed_d_logits(model, idx, control=None):
     grad = torch.is_grad_enabled()
     x = lower_output(model, idx)
     gates_x, recurrent = model.gate.gates_x(x), None if control is None else (control > 1).unsqueeze(-1)
-    gammas = torch.tanh(model.gate.theta_r), torch.tanh(model.gate.theta_x)       # once, as the model does
     state = torch.zeros_like(x)
     for d in range(cfg.jacobi_sweeps - 1):
         with torch.set_grad_enabled(grad and cfg.jacobi_sweeps - 1 - d <= cfg.jacobi_grad_sweeps):
-            state = shift(model.middle_step(x, state, recurrent=recurrent, gates_x=gates_x, gammas=gammas)[1])
-    return logits_from_state(model, x, state, gates_x, recurrent, gammas)
+            state = shift(model.middle_step(x, state, recurrent=recurrent, x_part=gates_x)[1])
+    return logits_from_state(model, x, state, gates_x, recurrent)
 
 
 def sweep_changes(model, idx, sweeps):
@@ -101,8 +104,8 @@ def test_tol_zero_is_bit_identical_to_fixed_d(D, b):
     """Values and gradients of jacobi_tol = 0 equal the fixed-D loop bit for bit; D passes are recorded."""
     model = build(jacobi_sweeps=D, jacobi_grad_sweeps=b).train()
     idx, targets = tokens(), tokens(seed=2)
-    logits = model(idx, mode="jacobi")[0]
-    assert torch.equal(logits, fixed_d_logits(model, idx)) and model.jacobi_passes == D
+    logits, passes = model(idx, mode="jacobi")[0], model.passes.n
+    assert torch.equal(logits, fixed_d_logits(model, idx)) and passes == D
     grads = []
     for forward in (lambda: model(idx, mode="jacobi")[0], lambda: fixed_d_logits(model, idx)):
         model.zero_grad()
@@ -127,7 +130,7 @@ def test_tol_stop_is_within_the_bound_it_implies(tol):
         k = next(i for i, c in enumerate(changes, start=1) if c <= tol)            # sweeps until the stop
         logits = model(idx, mode="jacobi")[0]
         # k sweeps + the final pass, which started from R^(k)
-        assert model.jacobi_passes == k + 1 < T
+        assert model.passes.n == k + 1 < T
         assert torch.equal(logits, logits_from_state(model, x, states[k], model.gate.gates_x(x)))
     # Δ_{k+1}, Δ_{k+2}, ...
     deltas = [(b - a).abs().max().item() for a, b in zip(states[k:], states[k + 1:])]
@@ -148,7 +151,7 @@ def test_tol_gradient_flows_through_the_final_and_exactly_b_sweeps():
     stopped = build(theta=(0.05, 0.05), recurrent_residual=False, jacobi_sweeps=16, jacobi_grad_sweeps=3,
                     jacobi_tol=1e-3).train()
     loss = torch.nn.functional.cross_entropy(stopped(idx, mode="jacobi")[0].flatten(0, 1), targets.flatten())
-    D = stopped.jacobi_passes
+    D = stopped.passes.n
     # it did stop early, after some free sweeps
     assert 4 < D < 16
     loss.backward()
@@ -188,7 +191,7 @@ def test_converged_prefill_equals_exact_prefill(control):
         jacobi = model(idx, mode="jacobi", control=c)[0]
     assert (out["converged"] - out["exact"]).abs().max() <= 1e-12
     assert torch.equal(out["converged"], jacobi)
-    assert (caches["converged"].state - caches["exact"].state).abs().max() <= 1e-12
+    assert (caches["converged"].R - caches["exact"].R).abs().max() <= 1e-12
     for a, b in zip(caches["converged"].layers, caches["exact"].layers):
         assert a.length == b.length == T and (a.k[:, :, :T] - b.k[:, :, :T]).abs().max() <= 1e-12
 
@@ -207,7 +210,7 @@ def test_converged_prefill_then_decoding_equals_exact_generation():
     with torch.no_grad():
         model(prompt, mode="converged", cache=model.new_cache(), control=torch.ones_like(prompt), tol=1e-12)
     # sweep 1 is exact, sweep 2 confirms it, then the final pass
-    assert model.jacobi_passes == 3
+    assert model.passes.n == 3
 
 
 def test_converged_prefill_tolerance_trades_sweeps_for_bounded_error():
@@ -219,7 +222,7 @@ def test_converged_prefill_tolerance_trades_sweeps_for_bounded_error():
         errors, passes = [], []
         for tol in (0.0, 1e-8, 1e-4):
             errors.append((model(idx, mode="converged", tol=tol)[0] - exact).abs().max().item())
-            passes.append(model.jacobi_passes)
+            passes.append(model.passes.n)
     assert passes[0] == T and passes[0] > passes[1] > passes[2]
     assert errors[0] <= 1e-12 and errors[1] <= 1e-6 and errors[1] <= errors[2]
 
@@ -268,7 +271,7 @@ def test_exactness_front_is_at_d_for_both_starts(init):
             model.cfg.jacobi_sweeps = D
             diff = (model(idx, mode="jacobi")[0] - exact).abs().amax(dim=(0, 2))
             assert diff[:D].max() <= 1e-12 and diff[D] > 1e-6, (init, D)
-            assert model.jacobi_passes == D + (init == "plain")
+            assert model.passes.n == D + (init == "plain")
 
 
 def test_plain_start_is_the_shifted_unmixed_middle_pass():
@@ -281,7 +284,7 @@ def test_plain_start_is_the_shifted_unmixed_middle_pass():
         start = shift(model.run_layers(x, model.middle, 0))                            # R^(0)
         want = logits_from_state(model, x, start, model.gate.gates_x(x))
         zero = logits_from_state(model, x, torch.zeros_like(x), model.gate.gates_x(x))
-        assert torch.equal(model(idx, mode="jacobi")[0], want) and model.jacobi_passes == 2
+        assert torch.equal(model(idx, mode="jacobi")[0], want) and model.passes.n == 2
     assert (want - zero)[:, 1:].abs().max() > 1e-6                                  # the start matters
 
 
@@ -290,7 +293,7 @@ def test_flop_count_follows_the_options():
     def middle(**kw):
         with torch.device("meta"):
             model = GPT(GPTConfig(**(TINY_LLAMA | dict(jacobi_sweeps=16, jacobi_grad_sweeps=4) | kw)))
-        return model.layer_passes()[2]                              # layer 2: inside l_start..l_end = 1..3
+        return layer_passes(model)[2]                              # layer 2: inside l_start..l_end = 1..3
     assert middle() == (16, 5)
     assert middle(jacobi_init="plain") == (17, 5)
     assert middle(jacobi_checkpoint=True) == (20, 5)
@@ -308,4 +311,4 @@ def test_plain_start_adds_no_gate_flops():
     T, C = TINY_LLAMA["block_size"], TINY_LLAMA["n_embd"]
     layer_fwd = 2 * sum(p.numel() for p in zero.layers[0].parameters()) + 4 * C * T
     n_mid = len(zero.middle)
-    assert plain.train_flops_per_token() - zero.train_flops_per_token() == n_mid * layer_fwd
+    assert train_flops_per_token(plain) - train_flops_per_token(zero) == n_mid * layer_fwd

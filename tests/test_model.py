@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from model import GPT, GPTConfig, Recorder, parse_layout
+import model as model_module
+from model import GPT, GPTConfig, parse_layout
+from support.accounting import layer_passes, param_counts, train_flops_per_token
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(vocab_size=64, block_size=32, n_embd=32, n_head=4)
@@ -100,32 +103,11 @@ def test_default_dtype_is_float32_here():
 
 def test_embeddings_are_scaled_by_sqrt_d():
     model = GPT(GPTConfig(**TINY, n_layer=1))
-    rec = Recorder()
+    seen = []
+    model.layers[0].register_forward_pre_hook(lambda m, args: seen.append(args[0]))   # the first layer's input
     idx = torch.tensor([[3, 5]])
-    model(idx, recorder=rec)
-    assert torch.allclose(rec.states["h_emb"], model.wte(idx) * math.sqrt(32))
-
-
-def test_probes_collect_every_state_and_block():
-    """The recorder: h_emb, h(0)..h(K), h_out and one (input, output) pair per layer or unit applied, without
-    changing logits."""
-    model = GPT(GPTConfig(**TINY, layout="2+1R3+1", state_passing="mesh")).eval()
-    idx = torch.randint(0, 64, (2, 10))
-    rec = Recorder()
-    logits = model(idx, recorder=rec)[0]
-    assert torch.equal(logits, model(idx)[0])
-    assert list(rec.states) == ["h_emb", "h(0)", "h(1)", "h(2)", "h(3)", "h_out"]
-    names = [name for name, _, _ in rec.updates]
-    assert names == ["prelude0", "prelude1", "core0", "core1", "core2", "coda0"]
-    core1_in, core1_out = rec.updates[3][1:]
-    assert torch.equal(core1_in, rec.states["h(1)"]) and not torch.equal(core1_out, core1_in)
-    t2mlr = GPT(GPTConfig(**TINY, n_layer=4, t2mlr=True, l_start=1, l_end=2)).eval()
-    rec = Recorder()
-    t2mlr(idx, recorder=rec)
-    assert [name for name, _, _ in rec.updates] == ["lower0", "middle", "upper0"]
-    rec = Recorder()
-    t2mlr.train()(idx, recorder=rec)                       # Jacobi: the gate, then the final sweep's layers
-    assert [name for name, _, _ in rec.updates] == ["lower0", "gate", "middle0", "middle1", "upper0"]
+    model(idx)
+    assert torch.allclose(seen[0], model.wte(idx) * math.sqrt(32))
 
 
 def test_flop_accounting_counts_unrolled_depth_and_sweeps():
@@ -133,19 +115,19 @@ def test_flop_accounting_counts_unrolled_depth_and_sweeps():
     passes."""
     vanilla = GPT(GPTConfig(**TINY, n_layer=6))
     looped = GPT(GPTConfig(**TINY, layout="1+2R2+1", state_passing="base"))
-    assert vanilla.train_flops_per_token() == looped.train_flops_per_token()
+    assert train_flops_per_token(vanilla) == train_flops_per_token(looped)
     cfg = dict(TINY, n_layer=4, t2mlr=True, l_start=1, l_end=2, jacobi_sweeps=5, jacobi_grad_sweeps=2)
     t2mlr = GPT(GPTConfig(**cfg))
-    assert t2mlr.layer_passes() == [(1, 1), (5, 3), (5, 3), (1, 1)]
+    assert layer_passes(t2mlr) == [(1, 1), (5, 3), (5, 3), (1, 1)]
     plain = GPT(GPTConfig(**TINY, n_layer=4))
-    layer = plain.train_flops_per_token() - GPT(GPTConfig(**TINY, n_layer=3)).train_flops_per_token()
+    layer = train_flops_per_token(plain) - train_flops_per_token(GPT(GPTConfig(**TINY, n_layer=3)))
     # W_p and the r half: every pass
     per_pass = t2mlr.gate.proj.weight.numel() + t2mlr.gate.gates_r.weight.numel()
     # the x half: once per forward
     once = t2mlr.gate.gates_x.weight.numel() + t2mlr.gate.gates_x.bias.numel()
-    expected = (plain.train_flops_per_token() + 2 * (5 - 1 + 2 * (3 - 1)) * layer / 3
+    expected = (train_flops_per_token(plain) + 2 * (5 - 1 + 2 * (3 - 1)) * layer / 3
                 + 2 * (5 + 2 * 3) * per_pass + 6 * once)
-    assert t2mlr.train_flops_per_token() == pytest.approx(expected)
+    assert train_flops_per_token(t2mlr) == pytest.approx(expected)
 
 
 def test_generate_greedy_matches_argmax_of_full_forward():
@@ -279,30 +261,41 @@ def test_t2mlr_gate_initialisation():
     assert bias.abs().max() <= 1 / math.sqrt(2 * C) and bias.std() > 0.5 / math.sqrt(6 * C)
     W_p = gate.proj.weight
     assert W_p.abs().max() <= 1 / math.sqrt(C) and W_p.std() > 0.9 / math.sqrt(3 * C)
-    assert model.param_counts()["gate"] == 5 * C * C + 2 * C + 2
-    x, rec = torch.randn(2, 5, C), Recorder()
-    model.middle_step(x, torch.randn(2, 5, C), rec=rec)
-    assert rec.updates[0][0] == "gate" and torch.equal(rec.updates[0][2], x)    # the mixed input is x
+    assert param_counts(model)["gate"] == 5 * C * C + 2 * C + 2
+    x = torch.randn(2, 5, C)
+    assert torch.equal(gate(x, torch.randn(2, 5, C)), x)                       # the mixed input is x
 
 
-def test_rotary_is_a_relative_position_encoding():
-    """Rotary (NeoX/LLaMA rotate-half form): the score q·k depends only on the offset between positions,
-    position 0 is the identity, and the rotated dims keep their norm; the pass-through dims are untouched."""
-    from model import apply_rotary, rotary_tables
+def test_rotary_is_a_relative_position_encoding(monkeypatch):
+    """Rotary (NeoX/LLaMA rotate-half form, applied inside Attention): the score q·k depends only on the offset
+    between positions, position 0 is the identity, and the rotated dims keep their norm; the pass-through
+    dims are untouched. The rotated q, k are read where Attention hands them to SDPA."""
+    seen, original = {}, F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, **kw):
+        seen["q"], seen["k"] = q, k
+        return original(q, k, v, **kw)
+
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", sdpa)
     torch.manual_seed(0)
-    q, k = torch.randn(1, 1, 1, 16, dtype=torch.float64), torch.randn(1, 1, 1, 16, dtype=torch.float64)
     for pct in (1.0, 0.25):
-        # float64 from the start: exact to ~1e-16
-        cos, sin = rotary_tables(16, pct, 10000.0, 40, torch.float64)
-        rot = lambda x, p: apply_rotary(x, cos[p:p + 1], sin[p:p + 1])
-        score = lambda m, n: (rot(q, m) * rot(k, n)).sum()
+        cfg = GPTConfig(vocab_size=8, block_size=40, n_embd=16, n_head=1, n_layer=1, rope_pct=pct)
+        model = GPT(cfg).double()
+        attn = model.layers[0].attn
+        x = torch.randn(1, 1, 16, dtype=torch.float64).expand(1, 40, 16)      # one vector at every position
+        cos, sin = model.rotary(0, 40, torch.float64, torch.device("cpu"))   # float64 from the start: ~1e-16
+        attn(x, cos, sin)
+        q, k = seen["q"][0, 0], seen["k"][0, 0]                               # (40, 16) rotated by position
+        q0 = attn.qkv(x)[0, 0, :16]                                           # the unrotated query
+        score = lambda m, n: (q[m] * k[n]).sum()
         close = lambda a, b: (a - b).abs().max() <= 1e-13
         assert close(score(7, 3), score(30, 26)) and close(score(0, 9), score(11, 20))
         assert not torch.allclose(score(7, 3), score(7, 4))
-        assert torch.equal(rot(q, 0), q)
+        assert close(q[0], q0)
         r = cos.shape[-1]
-        assert close(rot(q, 13)[..., :r].norm(), q[..., :r].norm())
-        assert torch.equal(rot(q, 13)[..., r:], q[..., r:])
+        assert r == (16 if pct == 1.0 else 4)
+        assert close(q[13, :r].norm(), q0[:r].norm())
+        assert torch.equal(q[13, r:], q0[r:]) and not torch.allclose(q[13, :r], q0[:r])
 
 
 def test_gate_initialisation_options():

@@ -19,7 +19,12 @@ import torch
 import prepare_data
 import sample
 import train
-from model import GPT, config_from_hf, neox_qkv_rows
+from model import GPT
+from support.accounting import param_counts
+from support.checkpoints import load_checkpoint
+from support.data import val_starts
+from support.pretrained import config_from_hf, neox_qkv_rows
+from support.runtime import RunError
 from test_train import read_log
 
 transformers = pytest.importorskip("transformers", reason="the parity tests compare against transformers: "
@@ -186,7 +191,7 @@ def test_config_maps_the_released_configs():
         ("neox", 0.25, 10000, False, True, False)
     with torch.device("meta"):
         # Pythia-160M's parameter count
-        assert GPT(cfg).param_counts()["total"] == 162_322_944
+        assert param_counts(GPT(cfg))["total"] == 162_322_944
     smollm2 = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 576,
                "intermediate_size": 1536, "max_position_embeddings": 8192, "num_attention_heads": 9,
                "num_hidden_layers": 30, "num_key_value_heads": 3, "rms_norm_eps": 1e-05, "rope_theta": 100000,
@@ -196,7 +201,7 @@ def test_config_maps_the_released_configs():
     assert (cfg.n_kv_head, cfg.rope_theta, cfg.tie_embeddings, cfg.norm_eps, cfg.recurrent_layers) == \
         (3, 100000, True, 1e-5, (12, 17))
     with torch.device("meta"):
-        assert GPT(config_from_hf(smollm2)).param_counts()["total"] == 134_515_008   # SmolLM2-135M's count
+        assert param_counts(GPT(config_from_hf(smollm2)))["total"] == 134_515_008   # SmolLM2-135M's count
 
 
 @pytest.mark.parametrize(
@@ -384,13 +389,13 @@ def test_retrofit_run_from_a_saved_llama_trains_and_starts_at_its_logits(tmp_pat
         "--progress=False",
     ]
     train.main(args)
-    ckpt = train.load_checkpoint(str(out / "ckpt.pt"))
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
     cfg = ckpt["model_config"]
     assert (cfg["n_kv_head"], cfg["rope_theta"], cfg["block_size"], cfg["t2mlr"], cfg["embed_scale"]) == \
         (2, 100000.0, 16, True, False)
     # the released model's loss on train.py's val windows (block 16, eval_iters x batch_size windows)
     val = np.fromfile(tmp_path / "data" / "d" / "val.bin", dtype=np.uint16).astype(np.int64)
-    starts = train.val_starts(meta["val_tokens"], 16, 2 * 2)
+    starts = val_starts(meta["val_tokens"], 16, 2 * 2)
     x = torch.stack([torch.from_numpy(val[s:s + 16]) for s in starts])
     y = torch.stack([torch.from_numpy(val[s + 1:s + 17]) for s in starts])
     with torch.no_grad():
@@ -417,12 +422,12 @@ def test_hf_init_refuses_data_of_another_tokenizer(tmp_path):
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 4))
     prepare_data.main(["--input", str(tmp_path / "docs.jsonl"), "--tokenizer", "byte", "--out_dir",
                        str(tmp_path / "data"), "--name", "b", "--num_proc", "1"])
-    with pytest.raises(train.RunError, match=r"holds byte tokens, but a released model reads its own"):
+    with pytest.raises(RunError, match=r"holds byte tokens, but a released model reads its own"):
         train.main([f"--init_from=hf:{folder}", f"--data_dir={tmp_path / 'data' / 'b'}", "--vocab_size=320",
                     f"--out_dir={tmp_path / 'run'}", "--block_size=16"])
     assert not (tmp_path / "run").exists()
     with pytest.raises(
-        train.RunError, match=rf"prepare_data.py --input <your files> --name none --tokenizer hf:{folder}"
+        RunError, match=rf"prepare_data.py --input <your files> --name none --tokenizer hf:{folder}"
     ):
         train.main(
             [

@@ -1,6 +1,6 @@
 """
 Tests of probe.py: the properties of the three measures (MeSH paper §4.1) and a run of the command line on
-tiny random checkpoints of each kind of variant. Run: python -m pytest -q test_probe.py (a few seconds)
+tiny random checkpoints of each kind of variant. Run: python -m pytest -q tests/test_probe.py (a few seconds)
 """
 
 import json
@@ -84,6 +84,61 @@ def test_skew_of_an_identity_block_is_zero():
     x = random_states()
     assert torch.equal(probe.relative_update(x, x), torch.zeros(3, dtype=torch.float64))
     assert torch.allclose(probe.relative_update(x, -x), torch.full((3,), 2.0, dtype=torch.float64))
+
+
+# ---- what the hooks read, against the model's own pieces run by hand ------------------------------------
+
+def test_depth_probe_reads_every_state_and_unit_through_hooks():
+    """Recursive: h_emb, h(0)..h(K), h_out and the units prelude, core0..core{K-1}, coda, each (input,
+    output) equal to the model's pieces applied by hand; the logits are unchanged and no hook is left."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, layout="2+1R3+1", state_passing="residual")).eval()
+    idx = torch.randint(0, 64, (2, 10))
+    units, states = probe.depth_probe(model, idx)
+    assert list(states) == ["h_emb", "h(0)", "h(1)", "h(2)", "h(3)", "h_out"]
+    assert [name for name, _, _ in units] == ["prelude", "core0", "core1", "core2", "coda"]
+    with torch.no_grad():
+        h = model.wte(idx) * 32 ** 0.5
+        assert torch.equal(states["h_emb"], h)
+        h = model.run_layers(h, model.prelude, 0)                                  # h(0) (residual: no mixing)
+        assert torch.equal(units[0][2], h) and torch.equal(states["h(0)"], h)
+        for t in range(3):                                                        # h(t+1) = f_core(h(t)) + h(t)
+            f_core = model.run_layers(h, model.core, 0)
+            assert torch.equal(units[1 + t][1], h) and torch.equal(units[1 + t][2], f_core)
+            h = f_core + h
+            assert torch.equal(states[f"h({t + 1})"], h)
+        out = model.run_layers(h, model.coda, 0)
+        assert torch.equal(units[-1][2], out) and torch.equal(states["h_out"], out)
+        assert torch.equal(model(idx)[0], model.lm_head(model.ln_f(out)))
+    assert not any(m._forward_hooks for m in model.modules())
+
+
+def test_t2mlr_probe_joins_the_token_loop_and_zeroes_the_state():
+    """T²MLR: the gate and the middle layers run once per token in exact mode; the probe joins their calls,
+    so layer l_end's output equals the exact forward's (the parallel middle step fed the exact states), and
+    the R ≡ 0 units are the gate and the layers run with a zero state."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, **VARIANTS["t2mlr"])).double().eval()
+    with torch.no_grad():
+        model.gate.theta_r.fill_(0.5)
+    idx = torch.randint(0, 64, (2, 12))
+    units, units_no_state, states = probe.t2mlr_probe(model, idx)
+    names = ["layer0", "gate", "layer1", "layer2", "layer3"]
+    assert [n for n, _, _ in units] == names and [n for n, _, _ in units_no_state] == names
+    assert list(states) == ["h_emb", "layer0", "layer1", "layer2", "h_out"]
+    with torch.no_grad():
+        x = model.run_layers(model.wte(idx) * 32 ** 0.5, model.lower, 0)
+        R_read, h_exact = torch.zeros_like(x[:, :1]), []    # the states positions 0..t read: [0, R_0, ..]
+        for t in range(12):                                  # the exact recurrence, by hand (O(T²))
+            h_t, R = model.middle_step(x[:, :t + 1], R_read)
+            R_read = torch.cat([torch.zeros_like(x[:, :1]), R], dim=1)
+            h_exact.append(h_t[:, -1:])
+        h_exact = torch.cat(h_exact, dim=1)
+        assert (units[3][2] - h_exact).abs().max() <= 1e-12                      # layer2 = l_end
+        mixed0 = model.gate(x, torch.zeros_like(x))
+        assert torch.equal(units_no_state[1][2], mixed0)
+        assert torch.equal(units_no_state[2][2], model.run_layers(mixed0, model.middle[:1], 0))
+    assert (units[1][2] - units_no_state[1][2]).abs().max() > 1e-3                  # the state matters
 
 
 # ---- the command line on tiny random checkpoints ---------------------------------------------------

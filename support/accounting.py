@@ -1,0 +1,137 @@
+"""Accounting for a GPT (model.py): parameter counts, layer passes and FLOPs per training token, the
+middle-layer passes T²MLR runs, and the summary `python model.py config/<name>.py` prints."""
+
+import sys
+from typing import Optional
+
+import torch
+
+from model import GPT, GPTConfig
+
+
+def param_counts(model: GPT) -> dict:
+    """Parameter counts (each shared tensor once): total; embedding (token embedding and output head);
+    non_embedding = the transformer layers and final norm (the papers' count, as in the MeSH paper's Table 5);
+    router (MeSH) and gate (T²MLR) separately."""
+    counts = {"total": 0, "embedding": 0, "non_embedding": 0, "router": 0, "gate": 0}
+    for name, p in model.named_parameters():
+        group = ("embedding" if name.startswith(("wte.", "lm_head.")) else
+                 "router" if name.startswith("mesh.") else
+                 "gate" if name.startswith("gate.") else "non_embedding")
+        counts[group] += p.numel()
+        counts["total"] += p.numel()
+    return counts
+
+
+def layer_passes(model: GPT):
+    """Per unique layer, (forward passes, backward passes) in one training step, for FLOP counting.
+
+    Plain and recursive: each application once forward and once backward (a core layer K times).
+    T²MLR Jacobi (GPT.jacobi_forward): lower 1/1; middle D forward (D - 1 refining sweeps and the final
+    sweep), min(b, D - 1) + 1 backward; upper 1/1. jacobi_init "plain" adds one middle forward (and its
+    backward when b = D, which keeps the start's gradient too), jacobi_checkpoint the recomputed forwards
+    of the gradient sweeps; jacobi_tol can only lower the count, so the count is its maximum.
+    """
+    cfg = model.cfg
+    n_prelude, n_core, K, n_coda = cfg.depth
+    passes = [(1, 1)] * n_prelude + [(K, K)] * n_core + [(1, 1)] * n_coda
+    if model.gate is not None:
+        start, end = cfg.recurrent_layers
+        D, b = cfg.jacobi_sweeps, cfg.jacobi_grad_sweeps
+        grad_sweeps, plain = min(b, D - 1), cfg.jacobi_init == "plain"
+        middle = (D + plain + grad_sweeps * cfg.jacobi_checkpoint, grad_sweeps + 1 + (plain and b >= D))
+        passes = [middle if start <= i <= end else (1, 1) for i in range(len(passes))]
+    return passes
+
+
+def train_flops_per_token(model: GPT, T: Optional[int] = None) -> float:
+    """FLOPs of one training step (forward + backward) per token at sequence length T (default block_size).
+
+    A layer forward costs 2·P + 4·C·T per token, P the parameters of one layer (matmuls plus attention
+    scores and values, as nanoGPT/PaLM count it), and its backward twice that; the output head 6·C·V.
+    Looped layers and Jacobi sweeps count every time they run (nanoGPT's 6N undercounts looped models).
+    """
+    cfg = model.cfg
+    T = T or cfg.block_size
+    params_per_layer = sum(p.numel() for p in model.layers[0].parameters())
+    layer_fwd = 2 * params_per_layer + 4 * cfg.n_embd * T
+    passes = layer_passes(model)
+    flops = sum((fwd + 2 * bwd) * layer_fwd for fwd, bwd in passes)
+    if model.gate is not None:
+        fwd, bwd = passes[cfg.recurrent_layers[0]]
+        if cfg.jacobi_init == "plain":     # the plain start's middle pass runs no gate
+            fwd, bwd = fwd - 1, bwd - (cfg.jacobi_grad_sweeps >= cfg.jacobi_sweeps)
+        gate = model.gate
+        per_pass = sum(p.numel() for p in (*gate.proj.parameters(), *gate.gates_r.parameters()))
+        flops += (fwd + 2 * bwd) * 2 * per_pass                                   # W_p and the r half, every sweep
+        flops += 6 * sum(p.numel() for p in gate.gates_x.parameters())            # the x half once
+    if model.mesh is not None:
+        flops += 6 * sum(p.numel() for p in model.mesh.parameters())
+    return flops + 6 * cfg.n_embd * cfg.vocab_size
+
+
+class count_middle_passes:
+    """Counts how often T²MLR's middle layers run (a forward pre-hook on layer l_start), read from outside
+    the model: the Jacobi sweeps of a training forward (D, +1 with the plain start, fewer where jacobi_tol
+    stopped them). Use as `with count_middle_passes(model) as passes: ...; passes.n`, or keep one for a
+    whole run and set `.n = 0` before each step; close() removes the hook. For a model without T²MLR n
+    stays 0."""
+
+    def __init__(self, model: GPT):
+        self.n = 0
+        first = model.middle[0] if model.gate is not None else None
+        self.handle = first.register_forward_pre_hook(self.count) if first is not None else None
+
+    def count(self, module, args):
+        self.n += 1
+
+    def close(self):
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def summary(cfg: GPTConfig) -> str:
+    """A human-readable summary of a config: flavour, layout, depth, parameter counts, FLOPs per token.
+    The model is built on the meta device, so even the 1.4B summary needs no memory."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+    counts = param_counts(model)
+    K = cfg.depth[2]
+    start, end = cfg.recurrent_layers
+    layout = cfg.layout or (f"{cfg.n_layer} layers, {start}..{end} recurrent in time (T²MLR)" if cfg.t2mlr
+                            else f"{cfg.n_layer} layers (vanilla)")
+    lines = [
+        f"flavour            {cfg.flavour}",
+        f"layout             {layout}" + (f", state_passing {cfg.state_passing}" if K else ""),
+        f"unique layers      {cfg.n_unique}",
+        f"unrolled depth     {cfg.n_unrolled}",
+        f"total params       {counts['total']:,}",
+        f"non-embedding      {counts['non_embedding']:,}",
+    ]
+    if model.mesh is not None:
+        lines.append(f"router params      {counts['router']:,} (+{model.mesh.n_slots} slots, {K + 1} steps)")
+    if model.gate is not None:
+        lines.append(
+            f"T²MLR gate params  {counts['gate']:,} (layers {start}..{end}, D={cfg.jacobi_sweeps}, "
+            f"b={cfg.jacobi_grad_sweeps})"
+        )
+    lines.append(f"train FLOPs/token  {train_flops_per_token(model):,.0f} at T={cfg.block_size}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    """`python model.py config/<name>.py [--key=value]`: print the summary. Config files hold training keys
+    too: they are skipped here (train.py checks them), so train.py is not imported."""
+    from configurator import ConfigError, load_config
+    try:
+        (model_cfg,), _ = load_config(sys.argv[1:] if argv is None else argv, GPTConfig, skip_unknown=True)
+    except (ConfigError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    print(summary(model_cfg))
