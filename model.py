@@ -144,7 +144,7 @@ class Layer(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# MeSH: the slot buffer between the loops of the core (MeSH paper §3.2, Eq. 3; README "MeSH")
+# MeSH: the slot buffer between the loops of the core (MeSH paper §3.2, Eq. 3; README (M2))
 
 class MeshMemory(nn.Module):
     """The slot buffer (n_slots, B, T, C) and its routers: one write and one read router per step (step 0
@@ -159,25 +159,25 @@ class MeshMemory(nn.Module):
         self.read_routers = nn.ModuleList(nn.Linear(cfg.n_embd, self.n_slots) for _ in range(K + 1))
 
     def start(self, h_emb):
-        """The buffer before step 0: m_0 = h_emb, the other slots 0. h_emb (B, T, C) -> (n_slots, B, T, C)."""
+        """The buffer before step 0 (M2, "start"). h_emb (B, T, C) -> (n_slots, B, T, C)."""
         buffer = h_emb.new_zeros(self.n_slots, *h_emb.shape)
         buffer[0] = h_emb
         return buffer
 
     def write_read(self, step: int, buffer, router_in, written):
-        """One step of Eq. 3: write `written` softly into every slot, then read the next state from the UPDATED
-        buffer, both routed by router_in. router_in, written (B, T, C); buffer (n_slots, B, T, C).
-        Returns (new buffer, h_next (B, T, C))."""
+        """One step of Eq. 3 (M2, "step k"): write `written` softly into every slot, then read the next state
+        from the UPDATED buffer, both routed by router_in. router_in, written (B, T, C); buffer (n_slots, B, T,
+        C). Returns (new buffer, h_next (B, T, C))."""
         fp32 = torch.promote_types(router_in.dtype, torch.float32)       # the softmax in fp32 under autocast
         w_write = F.softmax(self.write_routers[step](router_in), dim=-1, dtype=fp32)    # (B, T, n_slots)
         w_read = F.softmax(self.read_routers[step](router_in), dim=-1, dtype=fp32)
-        buffer = buffer + w_write.permute(2, 0, 1).unsqueeze(-1) * written   # m_i += w_i·written, out of place
-        h_next = torch.einsum("btn,nbtc->btc", w_read, buffer)               # Σ_i r_i m_i
+        buffer = buffer + w_write.permute(2, 0, 1).unsqueeze(-1) * written   # the write, out of place (autograd)
+        h_next = torch.einsum("btn,nbtc->btc", w_read, buffer)               # the read
         return buffer, h_next.to(written.dtype)
 
 
 # -----------------------------------------------------------------------------
-# T²MLR: the gate that mixes R_{t-1} into the input of l_start (README "T²MLR", the gate)
+# T²MLR: the gate that mixes R_{t-1} into the input of l_start (README (T1))
 
 class TemporalGate(nn.Module):
     """The reference's "gated" mixer, 5C² + 2C + 2 parameters: W_p (`proj`), A = [A_r; A_x] acting on
@@ -388,12 +388,11 @@ class GPT(nn.Module):
         return logits, loss
 
     def run_layers(self, h, layers, pos: int, caches=None):
-        """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1 -> (B, T, C). caches: one LayerCache
-        per layer, in order (a list, or an iterator shared with the caller's next groups), or None."""
+        """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1 -> (B, T, C). caches: a list of one
+        LayerCache (or None) per layer, or None for no caches; ValueError when its length is not len(layers)."""
         cos, sin = self.rotary(pos, h.shape[1], h.dtype, h.device)
-        caches = iter(caches) if caches is not None else None
-        for layer in layers:
-            h = layer(h, cos, sin, next(caches) if caches is not None else None)
+        for layer, cache in zip(layers, [None] * len(layers) if caches is None else caches, strict=True):
+            h = layer(h, cos, sin, cache)
         return h
 
     def rotary(self, pos: int, T: int, dtype, device):
@@ -414,20 +413,21 @@ class GPT(nn.Module):
         cos, sin = self.rotary_cache[(dtype, device)]
         return cos[pos:pos + T], sin[pos:pos + T]
 
-    # ---- depth: recursive transformers (MeSH paper §3; README "MeSH") -----------------------------------
+    # ---- depth: recursive transformers (MeSH paper §3; README (M1), (M2)) ------------------------------
 
     def recursive_forward(self, h_emb, pos: int, cache=None):
         """h_emb (B, T, C) -> the coda's output (B, T, C): the prelude, the core K times with the state
         passing `state_passing` between loops (§3.1) or MeSH's buffer (§3.2), the coda."""
         cfg = self.cfg
-        caches = iter(cache.layers) if cache is not None else None   # one per layer application, in order
-        h = self.run_layers(h_emb, self.prelude, pos, caches)                      # h_pre
+        P, C, K, _ = cfg.depth
+        caches = cache.layers if cache is not None else [None] * cfg.n_unrolled    # one per layer application
+        h = self.run_layers(h_emb, self.prelude, pos, caches[:P])                  # h_pre
         if cfg.state_passing == "mesh":    # the transitional step: write h_pre into the buffer, read h(0)
             buffer = self.mesh.start(h_emb)
             buffer, h = self.mesh.write_read(0, buffer, h if cfg.mesh_trans_router_in == "pre" else h_emb, h)
         h0 = h
-        for t in range(cfg.depth[2]):      # K loops of the same weights, each loop with its own KV caches
-            h_core = self.run_layers(h, self.core, pos, caches)                    # f_core(h(t))
+        for t in range(K):                 # K loops of the same weights, each loop with its own KV caches
+            h_core = self.run_layers(h, self.core, pos, caches[P + t * C:P + (t + 1) * C])    # f_core(h(t))
             if cfg.state_passing == "mesh":          # write f_core(h(t)), read h(t+1); the routers see h(t)
                 buffer, h = self.mesh.write_read(t + 1, buffer, h, h_core)
             elif cfg.state_passing == "base":        # h_sup = 0
@@ -438,9 +438,9 @@ class GPT(nn.Module):
                 h = h_core + h0
             else:                                    # anchor_star: h_sup = h_emb
                 h = h_core + h_emb
-        return self.run_layers(h, self.coda, pos, caches)
+        return self.run_layers(h, self.coda, pos, caches[P + K * C:])
 
-    # ---- time: T²MLR (arXiv 2607.15178; README "T²MLR") ---------------------------------------------
+    # ---- time: T²MLR (arXiv 2607.15178; README (T1)-(T3)) -------------------------------------------
 
     def middle_step(self, x, R_prev, pos: int = 0, caches=None, recurrent=None, x_part=None):
         """The recurrent middle at the positions of x: mix R_{t-1} into the input of l_start (the gate), run
@@ -455,9 +455,8 @@ class GPT(nn.Module):
         if recurrent is not None:                                   # non-recurrent tokens pass x through
             x_mixed = torch.where(recurrent, x_mixed, x)
         h = self.run_layers(x_mixed, self.middle, pos, caches)
-        # the state update (as the reference writes it): R_t = h_t, or with recurrent_residual
-        # R_t = s_t·u_t, u_t = h_t + R_{t-1}, s_t = clamp(1/sqrt(mean(u_t²) + 1e-6), 1/5, 5) a stop-gradient
-        # constant (NOT an nn.RMSNorm: no weight, and the clamp bites at RMS(u) > 5)
+        # the state update (README (T2), as the reference writes it; 1e-6 inside the rms): s is a stop-gradient
+        # constant, NOT an nn.RMSNorm (no weight, and the clamp bites at RMS(u) > 5)
         if not cfg.recurrent_residual:
             return h, h
         u = h + (R_prev.detach() if cfg.recurrent_detach else R_prev)
@@ -467,8 +466,8 @@ class GPT(nn.Module):
     def jacobi_forward(self, h_emb, control=None, mode="jacobi", tol=None, cache=None):
         """Parallel T²MLR by Jacobi sweeps, h_emb (B, T, C) -> the top output (B, T, C). A sweep runs
         middle_step over all positions at once, each reading the state the previous sweep wrote for the
-        position before it; from R^(0) = 0 every sweep makes one more position exact (README, the Jacobi
-        front). The last sweep's output goes on, so positions < D are exact (all when D >= T); gradient flows
+        position before it; from R^(0) = 0 every sweep makes one more position exact (README (T3), the
+        exactness front). The last sweep's output goes on, so positions < D are exact (all when D >= T); gradient flows
         through it and the b sweeps before it.
         mode "jacobi" runs the config's D, b and jacobi_tol (the early stop: a sweep without gradient that
         moved the state by at most tol relative to its RMS ends them); "converged" (a prefill) runs D = T,
@@ -486,8 +485,9 @@ class GPT(nn.Module):
             raise ValueError(f"mode {mode!r} is not one of 'jacobi', 'exact', 'converged'")
         D, b, tol = (cfg.jacobi_sweeps, cfg.jacobi_grad_sweeps, cfg.jacobi_tol) if mode == "jacobi" else \
             (h_emb.shape[1], 0, tol)
-        caches = iter(cache.layers) if cache is not None else None
-        x = self.run_layers(h_emb, self.lower, 0, caches)            # the same in every sweep
+        start, end = cfg.recurrent_layers
+        caches = cache.layers if cache is not None else [None] * cfg.n_layer      # one per layer
+        x = self.run_layers(h_emb, self.lower, 0, caches[:start])    # the same in every sweep
         x_part = self.gate.gates_x(x)                                # speed-up: the gate's x half, once
         recurrent = None if control is None else (control > 1).unsqueeze(-1)
 
@@ -513,10 +513,10 @@ class GPT(nn.Module):
         for _ in range(min(b, D - 1)):   # the b sweeps before the final one keep their gradient
             R = checkpoint(sweep, R, use_reentrant=False) if grad and cfg.jacobi_checkpoint else sweep(R)
         # the final sweep: its middle output goes on (and fills the middle layers' caches)
-        h, R_written = self.middle_step(x, R, caches=caches, recurrent=recurrent, x_part=x_part)
+        h, R_written = self.middle_step(x, R, caches=caches[start:end + 1], recurrent=recurrent, x_part=x_part)
         if cache is not None:
             cache.R = R_written[:, -1:]                              # R_{T-1}: decoding continues from it
-        return self.run_layers(h, self.upper, 0, caches)
+        return self.run_layers(h, self.upper, 0, caches[end + 1:])
 
     def exact_forward(self, h_emb, control=None, cache=None):
         """The exact recurrence (the paper's definition; the reference evaluates so), h_emb (B, T, C) -> the top
@@ -527,9 +527,12 @@ class GPT(nn.Module):
         recurrent (control) needs no state: it goes through the middle layers in one chunk (a prompt)."""
         B, T, C = h_emb.shape
         pos = cache.length if cache is not None else 0
-        caches = iter(cache.layers) if cache is not None else None
-        x = self.run_layers(h_emb, self.lower, pos, caches)
-        middle_caches = [next(caches) if cache is not None else LayerCache(T) for _ in self.middle]
+        start, end = self.cfg.recurrent_layers
+        caches = cache.layers if cache is not None else [None] * self.cfg.n_layer   # one per layer
+        x = self.run_layers(h_emb, self.lower, pos, caches[:start])
+        # the middle layers' caches: a token attends to the keys of the tokens before it (for this call only
+        # without a cache)
+        middle_caches = caches[start:end + 1] if cache is not None else [LayerCache(T) for _ in self.middle]
         x_part = self.gate.gates_x(x)                                # speed-up: the gate's x half, once
         recurrent = None if control is None else (control > 1).unsqueeze(-1)
         R = cache.R if cache is not None and cache.R is not None else x.new_zeros(B, 1, C)
@@ -537,15 +540,15 @@ class GPT(nn.Module):
         reads = [True] * T if recurrent is None else recurrent.any(dim=0).view(-1).tolist()
         starts = [t for t in range(T) if t == 0 or reads[t] or reads[t - 1]]
         outputs = []
-        for t, end in zip(starts, starts[1:] + [T]):
-            chunk = None if recurrent is None else recurrent[:, t:end]
-            h_t, R_t = self.middle_step(x[:, t:end], R, pos=pos + t, caches=middle_caches, recurrent=chunk,
-                                        x_part=x_part[:, t:end])
+        for t, stop in zip(starts, starts[1:] + [T]):
+            chunk = None if recurrent is None else recurrent[:, t:stop]
+            h_t, R_t = self.middle_step(x[:, t:stop], R, pos=pos + t, caches=middle_caches, recurrent=chunk,
+                                        x_part=x_part[:, t:stop])
             R = R_t[:, -1:]
             outputs.append(h_t)
         if cache is not None:
             cache.R = R
-        return self.run_layers(torch.cat(outputs, dim=1), self.upper, pos, caches)
+        return self.run_layers(torch.cat(outputs, dim=1), self.upper, pos, caches[end + 1:])
 
     # ---- generation -------------------------------------------------------------
 

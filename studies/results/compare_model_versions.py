@@ -3,11 +3,11 @@ round robin (the order alternating), medians of the per-round times and of the p
 short measures (prefill, exact evaluation, decode) take the fastest of 3 calls per round.
 
     git worktree add /tmp/before a327fb5     # the version to compare with
-    python results/compare_model_versions.py /tmp/before/model.py 9     # 9 rounds, the first unmeasured
+    python studies/results/compare_model_versions.py /tmp/before/model.py 9     # 9 rounds, the first unmeasured
 
 Its old config may name D jacobi_iters (before the rename to jacobi_sweeps); both are handled."""
 import importlib.util, os, statistics, sys, time, torch
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the root
 sys.path.insert(0, HERE)
 def load(name, path):
     spec = importlib.util.spec_from_file_location(name, path); m = importlib.util.module_from_spec(spec)

@@ -1,7 +1,7 @@
 #!/bin/bash
-# The jacobi_tol training comparison (README, Jacobi options): config/tiny_t2mlr.py, fixed D = 16 vs jacobi_tol = 0.05, seeds 1 and 2.
+# The jacobi_tol training comparison (docs/jacobi.md, Jacobi options): config/tiny_t2mlr.py, fixed D = 16 vs jacobi_tol = 0.05, seeds 1 and 2.
 # The two arms of a seed run at the same time, one thread each on their own core (same contention).
-cd "$(dirname "$0")/.."      # the repository root
+cd "$(dirname "$0")/../.."   # the repository root
 run() {  # arm seed core extra
   out=out/jacobi_tol/$1_s$2
   init=scratch; [ -f $out/ckpt.pt ] && init=resume
@@ -16,5 +16,5 @@ for s in 1 2; do
   run tol $s 1 "--jacobi_tol=0.05" &
   wait
 done
-# then: python reproduce.py tolerance --fixed out/jacobi_tol/fixed_s1 out/jacobi_tol/fixed_s2 \
-#           --tol out/jacobi_tol/tol_s1 out/jacobi_tol/tol_s2 --data_dir data/pydoc --out results/jacobi_tol.json
+# then: python -m studies.reproduce tolerance --fixed out/jacobi_tol/fixed_s1 out/jacobi_tol/fixed_s2 \
+#           --tol out/jacobi_tol/tol_s1 out/jacobi_tol/tol_s2 --data_dir data/pydoc --out studies/results/jacobi_tol.json
