@@ -119,9 +119,9 @@ class MLP(nn.Module):
         self.down = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)
 
     def forward(self, x):
-        if self.swiglu:
-            gate, up = self.up(x).chunk(2, dim=-1)
-            return self.down(F.silu(gate) * up)
+        if self.swiglu:              # SwiGLU: silu(x W_g) * (x W_u), both halves of one matmul
+            xg, xu = self.up(x).chunk(2, dim=-1)
+            return self.down(F.silu(xg) * xu)
         return self.down(F.gelu(self.up(x)))
 
 
@@ -302,8 +302,8 @@ class GPTConfig:
     @property
     def n_unrolled(self):
         """Layer applications per token, n_prelude + n_core·K + n_coda (the compute depth)."""
-        P, C, K, Q = self.depth
-        return P + C * K + Q
+        n_prelude, n_core, K, n_coda = self.depth
+        return n_prelude + n_core * K + n_coda
 
 
 # -----------------------------------------------------------------------------
@@ -321,8 +321,9 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_unique))   # registered once, in order
         layers, self.mesh, self.gate = list(self.layers), None, None
         if cfg.layout:      # the layout's groups (MeSH §3.1), plain lists of the registered layers
-            P, C = cfg.depth[:2]
-            self.prelude, self.core, self.coda = layers[:P], layers[P:P + C], layers[P + C:]
+            n_prelude, n_core = cfg.depth[:2]
+            self.prelude, self.core = layers[:n_prelude], layers[n_prelude:n_prelude + n_core]
+            self.coda = layers[n_prelude + n_core:]
             self.mesh = MeshMemory(cfg) if cfg.state_passing == "mesh" else None
         if cfg.t2mlr:       # below l_start, the recurrent l_start..l_end, above l_end
             start, end = cfg.recurrent_layers
@@ -360,10 +361,10 @@ class GPT(nn.Module):
                 tol: float = 0.0):
         """idx (B, T) token ids; targets (B, T), -1 ignored. With `cache`, idx continues the sequence the cache
         holds (positions cache.length..), and the cache is updated in place.
-        mode (T²MLR only): "jacobi" (D parallel sweeps, how it trains), "exact" (token by token, the true
-        model), "converged" (sweeps until the state moves less than `tol`, a prefill); None = "jacobi" in
-        train() without a cache, else "exact". control (T²MLR only): (B, T) ints, the control flow above;
-        None = every token recurrent.
+        mode (T²MLR only; the other models ignore it and control): "jacobi" (D parallel sweeps, how it
+        trains), "exact" (token by token, the true model), "converged" (sweeps until the state moves less
+        than `tol`, a prefill); None = "jacobi" in train() without a cache, else "exact". control (T²MLR
+        only): (B, T) ints, the control flow (the note after TemporalGate); None = every token recurrent.
         Returns (logits (B, T, V), loss or None). Raises ValueError when the sequence exceeds block_size,
         the mode is unknown, "jacobi" is given a cache, "converged" a non-empty one, or control's shape is
         not idx's."""
@@ -419,17 +420,18 @@ class GPT(nn.Module):
         """h_emb (B, T, C) -> the coda's output (B, T, C): the prelude, the core K times with the state
         passing `state_passing` between loops (§3.1) or MeSH's buffer (§3.2), the coda."""
         cfg = self.cfg
-        P, C, K, _ = cfg.depth
+        P, n_core, K = len(self.prelude), len(self.core), cfg.depth[2]
         caches = cache.layers if cache is not None else [None] * cfg.n_unrolled    # one per layer application
         h = self.run_layers(h_emb, self.prelude, pos, caches[:P])                  # h_pre
         if cfg.state_passing == "mesh":    # the transitional step: write h_pre into the buffer, read h(0)
             buffer = self.mesh.start(h_emb)
-            buffer, h = self.mesh.write_read(0, buffer, h if cfg.mesh_trans_router_in == "pre" else h_emb, h)
+            router_in = h if cfg.mesh_trans_router_in == "pre" else h_emb
+            buffer, h = self.mesh.write_read(0, buffer, router_in=router_in, written=h)
         h0 = h
         for t in range(K):                 # K loops of the same weights, each loop with its own KV caches
-            h_core = self.run_layers(h, self.core, pos, caches[P + t * C:P + (t + 1) * C])    # f_core(h(t))
+            h_core = self.run_layers(h, self.core, pos, caches[P + t * n_core:P + (t + 1) * n_core])  # f_core(h(t))
             if cfg.state_passing == "mesh":          # write f_core(h(t)), read h(t+1); the routers see h(t)
-                buffer, h = self.mesh.write_read(t + 1, buffer, h, h_core)
+                buffer, h = self.mesh.write_read(t + 1, buffer, router_in=h, written=h_core)
             elif cfg.state_passing == "base":        # h_sup = 0
                 h = h_core
             elif cfg.state_passing == "residual":    # h_sup = h(t)
@@ -438,7 +440,7 @@ class GPT(nn.Module):
                 h = h_core + h0
             else:                                    # anchor_star: h_sup = h_emb
                 h = h_core + h_emb
-        return self.run_layers(h, self.coda, pos, caches[P + K * C:])
+        return self.run_layers(h, self.coda, pos, caches[P + K * n_core:])
 
     # ---- time: T²MLR (arXiv 2607.15178; README (T1)-(T3)) -------------------------------------------
 
@@ -498,24 +500,26 @@ class GPT(nn.Module):
             return shift(self.middle_step(x, R_prev, recurrent=recurrent, x_part=x_part)[1])
 
         grad = torch.is_grad_enabled()
-        if cfg.jacobi_init == "plain":   # the reference's warm start: the unmixed middle output (gradient iff b >= D)
+        # R_prev = R^(j): the states every position reads, R^(0) = 0 or the reference's warm start
+        # (jacobi_init "plain": the unmixed middle output, shifted; its gradient kept only when b >= D)
+        if cfg.jacobi_init == "plain":
             with torch.set_grad_enabled(grad and b >= D):
-                R = shift(self.run_layers(x, self.middle, 0))
+                R_prev = shift(self.run_layers(x, self.middle, 0))
         else:
-            R = torch.zeros_like(x)
+            R_prev = torch.zeros_like(x)
         with torch.no_grad():            # sweeps 1..D-1-b refine the state without gradient
             for _ in range(D - 1 - min(b, D - 1)):
-                new = sweep(R)
-                converged = tol > 0 and (new - R).abs().max() <= tol * new.pow(2).mean().sqrt()
-                R = new
+                new = sweep(R_prev)
+                converged = tol > 0 and (new - R_prev).abs().max() <= tol * new.pow(2).mean().sqrt()
+                R_prev = new
                 if converged:
                     break
         for _ in range(min(b, D - 1)):   # the b sweeps before the final one keep their gradient
-            R = checkpoint(sweep, R, use_reentrant=False) if grad and cfg.jacobi_checkpoint else sweep(R)
+            R_prev = checkpoint(sweep, R_prev, use_reentrant=False) if grad and cfg.jacobi_checkpoint else sweep(R_prev)
         # the final sweep: its middle output goes on (and fills the middle layers' caches)
-        h, R_written = self.middle_step(x, R, caches=caches[start:end + 1], recurrent=recurrent, x_part=x_part)
+        h, R = self.middle_step(x, R_prev, caches=caches[start:end + 1], recurrent=recurrent, x_part=x_part)
         if cache is not None:
-            cache.R = R_written[:, -1:]                              # R_{T-1}: decoding continues from it
+            cache.R = R[:, -1:]                                      # R_{T-1}: decoding continues from it
         return self.run_layers(h, self.upper, 0, caches[end + 1:])
 
     def exact_forward(self, h_emb, control=None, cache=None):
@@ -575,7 +579,7 @@ class GPT(nn.Module):
         check_generate(temperature, top_k, prefill, prefill_tol)
         window = self.cfg.block_size
         control = torch.full_like(idx, 2 if recurrent_prompt else 1)   # (B, T), grows with idx
-        cache = self.new_cache(window)    # every layer application's keys and values, and T²MLR's R_{t-1}
+        cache = InferenceCache(self.cfg.n_unrolled, window)   # every layer application's keys and values, R
         logits, _ = self(idx[:, -window:], mode=prefill, cache=cache, control=control[:, -window:], tol=prefill_tol)
         for step in range(max_new_tokens):
             idx_next = self.sample_next(logits[:, -1, :], temperature, top_k, generator)    # (B, 1)
@@ -599,7 +603,8 @@ class GPT(nn.Module):
             return logits.argmax(dim=-1, keepdim=True)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         diff = logits - logits.amax(dim=-1, keepdim=True)                # <= 0, exactly 0 at the maximum
-        scaled = torch.where(diff == 0, diff, diff / temperature)        # never NaN
+        # never NaN: the maximum stays 0 and a -inf logit stays -inf (-inf / inf would be NaN)
+        scaled = torch.where((diff == 0) | (diff == -math.inf), diff, diff / temperature)
         if top_k is not None and top_k < logits.size(-1):
             kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
             scaled = scaled.masked_fill(logits < kth, -math.inf)

@@ -421,6 +421,11 @@ def test_sample_next_on_hand_made_logits():
     tied = torch.tensor([[5.0, 1.0, 5.0]])
     draws = [GPT.sample_next(tied, 1e-30, generator=g).item() for _ in range(2000)]
     assert set(draws) == {0, 2} and 900 < draws.count(0) < 1100     # exact ties share the limit evenly
+    # a -inf logit (a banned token) stays impossible at any temperature, inf included (was NaN there)
+    banned = torch.tensor([[0.0, -math.inf, 1.0, -math.inf]])
+    for temperature in (float("inf"), 1e-30, 2.0):
+        draws = [GPT.sample_next(banned, temperature, generator=g).item() for _ in range(300)]
+        assert set(draws) <= {0, 2} and 2 in draws
 
 
 def test_float64_model_has_float64_rotary_tables_and_loss():

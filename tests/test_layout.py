@@ -1,0 +1,89 @@
+"""
+The shape of the repository, as the design card asks: a nanoGPT-sized top level, a model.py that is the
+model with the two ideas at its centre, a README that tells the story and links the details.
+
+    python tests/test_layout.py        # prints the numbers these tests check
+"""
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# the two ideas: MeSH's memory and recursion, T²MLR's gate, middle step and both ways to run the recurrence
+IDEAS = ("MeshMemory", "TemporalGate", "GPT.recursive_forward", "GPT.middle_step", "GPT.jacobi_forward",
+         "GPT.exact_forward")
+
+
+def code_lines(source: str):
+    """(the set of code lines of `source`: lines with a token that is not a comment, outside docstrings;
+    {definition name: its line range}) for top-level classes, their methods and top-level functions."""
+    tree = ast.parse(source)
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+                    isinstance(first.value.value, str):
+                docstrings |= set(range(first.lineno, first.end_lineno + 1))
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    lines = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in skip:
+            lines |= set(range(tok.start[0], tok.end[0] + 1))
+    spans = {}
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            spans[node.name] = range(node.lineno - len(node.decorator_list), node.end_lineno + 1)
+        if isinstance(node, ast.ClassDef):
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef):
+                    spans[f"{node.name}.{f.name}"] = range(f.lineno - len(f.decorator_list), f.end_lineno + 1)
+    return lines - docstrings, spans
+
+
+def model_numbers():
+    source = (ROOT / "model.py").read_text()
+    lines, spans = code_lines(source)
+    ideas = {n for name in IDEAS for n in spans[name]} & lines
+    return {"lines": len(source.splitlines()), "code": len(lines), "ideas": len(ideas),
+            "ideas_share": len(ideas) / len(lines)}
+
+
+def test_code_lines_counts_code_not_comments_or_docstrings():
+    source = 'def f():\n    """doc\n    string"""\n    # a comment\n    x = 1  # trailing\n\n    return x\n'
+    lines, spans = code_lines(source)
+    assert lines == {1, 5, 7} and list(spans["f"]) == list(range(1, 8))
+
+
+def test_model_py_is_the_model_with_the_ideas_at_its_centre():
+    numbers = model_numbers()
+    assert numbers["lines"] <= 700, numbers
+    assert numbers["ideas_share"] >= 0.35, numbers
+
+
+def test_top_level_is_nanogpt_sized():
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(top) <= 7, top
+    for name in ("model.py", "train.py", "sample.py", "prepare_data.py", "test_equivalence.py"):
+        assert name in top
+
+
+def test_readme_is_short_and_every_local_link_resolves():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 350
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        prose = re.sub(r"```.*?```|`[^`]*`", "", page.read_text(), flags=re.S)     # code is not a link
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", prose):
+            if not target.startswith(("http://", "https://")):
+                assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+if __name__ == "__main__":
+    numbers = model_numbers()
+    print(f"model.py: {numbers['lines']} lines, {numbers['code']} code lines, the ideas {numbers['ideas']} "
+          f"= {100 * numbers['ideas_share']:.1f}%")
+    print(f"README.md: {len((ROOT / 'README.md').read_text().splitlines())} lines")
+    print(f"top-level .py: {', '.join(sorted(p.name for p in ROOT.glob('*.py')))}")
