@@ -133,8 +133,8 @@ class Layer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.parallel = cfg.flavour == "neox"
-        self.ln1, self.attn = cfg.norm(cfg.n_embd, eps=cfg.norm_eps), Attention(cfg)
-        self.ln2, self.mlp = cfg.norm(cfg.n_embd, eps=cfg.norm_eps), MLP(cfg)
+        self.ln1, self.attn = cfg.norm_class(cfg.n_embd, eps=cfg.norm_eps), Attention(cfg)
+        self.ln2, self.mlp = cfg.norm_class(cfg.n_embd, eps=cfg.norm_eps), MLP(cfg)
 
     def forward(self, x, cos, sin, cache=None):
         if self.parallel:
@@ -153,12 +153,12 @@ class MeshMemory(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        K = cfg.depth[2]
+        K = cfg.n_loops
         self.n_slots = cfg.mesh_slots or K + 3
         self.write_routers = nn.ModuleList(nn.Linear(cfg.n_embd, self.n_slots) for _ in range(K + 1))
         self.read_routers = nn.ModuleList(nn.Linear(cfg.n_embd, self.n_slots) for _ in range(K + 1))
 
-    def start(self, h_emb):
+    def new_buffer(self, h_emb):
         """The buffer before step 0 (M2, "start"). h_emb (B, T, C) -> (n_slots, B, T, C)."""
         buffer = h_emb.new_zeros(self.n_slots, *h_emb.shape)
         buffer[0] = h_emb
@@ -225,7 +225,7 @@ class TemporalGate(nn.Module):
 
 # Control flow (the reference's c_t): per token 0 = padding, 1 = non-recurrent (e.g. a prompt), >= 2 =
 # recurrent. Only recurrent tokens are mixed and merge the state; the others pass x through and write their
-# raw l_end output. `recurrent` below is the mask (c > 1) (B, T, 1), or None when every token is recurrent.
+# raw l_end output. `recurrent_tokens` below is the mask (c > 1) (B, T, 1), or None when every token is recurrent.
 
 
 # -----------------------------------------------------------------------------
@@ -279,14 +279,20 @@ class GPTConfig:
         self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
 
     @property
-    def norm(self):
+    def norm_class(self):
         """The norm class: LayerNorm with bias (neox) or RMSNorm (llama)."""
         return nn.RMSNorm if self.flavour == "llama" else nn.LayerNorm
 
     @property
     def depth(self):
-        """(n_prelude, n_core, n_loops, n_coda); a vanilla stack is (n_layer, 0, 0, 0)."""
+        """(n_prelude, n_core, n_loops K, n_coda) of the layout "P+CRK+Q" (the MeSH paper's notation: "2+4R2+2"
+        -> (2, 4, 2, 2)); a vanilla stack is (n_layer, 0, 0, 0)."""
         return parse_layout(self.layout) if self.layout else (self.n_layer, 0, 0, 0)
+
+    @property
+    def n_loops(self):
+        """K, the loops of the core (0 for a flat stack)."""
+        return self.depth[2]
 
     @property
     def recurrent_layers(self):
@@ -326,10 +332,10 @@ class GPT(nn.Module):
             self.coda = layers[n_prelude + n_core:]
             self.mesh = MeshMemory(cfg) if cfg.state_passing == "mesh" else None
         if cfg.t2mlr:       # below l_start, the recurrent l_start..l_end, above l_end
-            start, end = cfg.recurrent_layers
-            self.lower, self.middle, self.upper = layers[:start], layers[start:end + 1], layers[end + 1:]
+            l_start, l_end = cfg.recurrent_layers
+            self.lower, self.middle, self.upper = layers[:l_start], layers[l_start:l_end + 1], layers[l_end + 1:]
             self.gate = TemporalGate(cfg)
-        self.ln_f = cfg.norm(cfg.n_embd, eps=cfg.norm_eps)
+        self.ln_f = cfg.norm_class(cfg.n_embd, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -375,6 +381,8 @@ class GPT(nn.Module):
             h = h * math.sqrt(self.cfg.n_embd)                        # scaled by sqrt(d) (MeSH paper §4.1)
         if self.gate is not None:                                     # T²MLR: recurrence in time
             mode = mode or ("jacobi" if self.training and cache is None else "exact")
+            if mode not in ("jacobi", "exact", "converged"):
+                raise ValueError(f"mode {mode!r} is not one of 'jacobi', 'exact', 'converged'")
             h = (self.exact_forward(h, control, cache) if mode == "exact"             # token by token
                  else self.jacobi_forward(h, control, mode, tol, cache))             # parallel sweeps
         elif self.cfg.layout:                                         # recursive: depth by looping (MeSH)
@@ -390,29 +398,25 @@ class GPT(nn.Module):
 
     def run_layers(self, h, layers, pos: int, caches=None):
         """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1 -> (B, T, C). caches: a list of one
-        LayerCache (or None) per layer, or None for no caches; ValueError when its length is not len(layers)."""
-        cos, sin = self.rotary(pos, h.shape[1], h.dtype, h.device)
-        for layer, cache in zip(layers, [None] * len(layers) if caches is None else caches, strict=True):
-            h = layer(h, cos, sin, cache)
-        return h
+        LayerCache (or None) per layer, or None for no caches; ValueError when its length is not len(layers).
 
-    def rotary(self, pos: int, T: int, dtype, device):
-        """Rotary cos/sin (T, 1, rot_dim) for positions pos..pos+T-1; rot_dim = head_dim·rope_pct rounded down
-        to even. The sin table carries the rotation's sign ([-sin, sin]: see Attention). Computed once per
-        (dtype, device), in float64 for a float64 model and float32 otherwise, and kept off the buffers, so
-        `model.to(dtype)` never casts them (float32 tables cast up would be exact to ~1e-7 only)."""
-        dtype = torch.promote_types(dtype, torch.float32)
-        if (dtype, device) not in self.rotary_cache:
-            cfg = self.cfg
-            head_dim = cfg.n_embd // cfg.n_head
-            rot = int(head_dim * cfg.rope_pct) // 2 * 2
+        The rotary tables cos/sin (T, 1, rot_dim) of these positions, rot_dim = head_dim·rope_pct rounded down to
+        even, the sin table carrying the rotation's sign ([-sin, sin]: see Attention), are computed once per
+        (dtype, device) over block_size positions: in float64 for a float64 model, float32 otherwise, and kept
+        off the buffers, so `model.to(dtype)` never casts them (float32 tables cast up are exact to ~1e-7)."""
+        key = (torch.promote_types(h.dtype, torch.float32), h.device)
+        if key not in self.rotary_cache:
+            cfg, dtype = self.cfg, key[0]
+            rot = int(cfg.n_embd // cfg.n_head * cfg.rope_pct) // 2 * 2
             inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rot, 2, dtype=dtype) / rot))
             angles = torch.outer(torch.arange(cfg.block_size, dtype=dtype), inv_freq)   # (block_size, rot/2)
             cos = torch.cat([angles.cos(), angles.cos()], dim=-1).unsqueeze(1)
             sin = torch.cat([-angles.sin(), angles.sin()], dim=-1).unsqueeze(1)
-            self.rotary_cache[(dtype, device)] = (cos.to(device), sin.to(device))
-        cos, sin = self.rotary_cache[(dtype, device)]
-        return cos[pos:pos + T], sin[pos:pos + T]
+            self.rotary_cache[key] = (cos.to(h.device), sin.to(h.device))
+        cos, sin = (table[pos:pos + h.shape[1]] for table in self.rotary_cache[key])
+        for layer, cache in zip(layers, [None] * len(layers) if caches is None else caches, strict=True):
+            h = layer(h, cos, sin, cache)
+        return h
 
     # ---- depth: recursive transformers (MeSH paper §3; README (M1), (M2)) ------------------------------
 
@@ -420,11 +424,11 @@ class GPT(nn.Module):
         """h_emb (B, T, C) -> the coda's output (B, T, C): the prelude, the core K times with the state
         passing `state_passing` between loops (§3.1) or MeSH's buffer (§3.2), the coda."""
         cfg = self.cfg
-        P, n_core, K = len(self.prelude), len(self.core), cfg.depth[2]
+        P, n_core, K = len(self.prelude), len(self.core), cfg.n_loops      # the layout's P and C, and K
         caches = cache.layers if cache is not None else [None] * cfg.n_unrolled    # one per layer application
         h = self.run_layers(h_emb, self.prelude, pos, caches[:P])                  # h_pre
         if cfg.state_passing == "mesh":    # the transitional step: write h_pre into the buffer, read h(0)
-            buffer = self.mesh.start(h_emb)
+            buffer = self.mesh.new_buffer(h_emb)
             router_in = h if cfg.mesh_trans_router_in == "pre" else h_emb
             buffer, h = self.mesh.write_read(0, buffer, router_in=router_in, written=h)
         h0 = h
@@ -444,18 +448,18 @@ class GPT(nn.Module):
 
     # ---- time: T²MLR (arXiv 2607.15178; README (T1)-(T3)) -------------------------------------------
 
-    def middle_step(self, x, R_prev, pos: int = 0, caches=None, recurrent=None, x_part=None):
+    def middle_step(self, x, R_prev, pos: int = 0, caches=None, recurrent_tokens=None, x_part=None):
         """The recurrent middle at the positions of x: mix R_{t-1} into the input of l_start (the gate), run
         the middle layers l_start..l_end, write R_t from their output h_t. All T positions at once in a Jacobi
         sweep, one token at a time in the exact loop.
         x (B, L, C) the input of l_start; R_prev (B, L or 1, C) the state each position reads; pos: the position
-        of x[:, 0]; caches: the middle layers' LayerCaches or None; recurrent (B, L, 1) bool or None (all);
+        of x[:, 0]; caches: the middle layers' LayerCaches or None; recurrent_tokens (B, L, 1) bool or None (all);
         x_part: gate.gates_x(x) when the caller computed it once (the speed-up).
         Returns (h (B, L, C), R (B, L, C) the state written at each position)."""
         cfg = self.cfg
         x_mixed = self.gate(x, R_prev, x_part)
-        if recurrent is not None:                                   # non-recurrent tokens pass x through
-            x_mixed = torch.where(recurrent, x_mixed, x)
+        if recurrent_tokens is not None:                            # non-recurrent tokens pass x through
+            x_mixed = torch.where(recurrent_tokens, x_mixed, x)
         h = self.run_layers(x_mixed, self.middle, pos, caches)
         # the state update (README (T2), as the reference writes it; 1e-6 inside the rms): s is a stop-gradient
         # constant, NOT an nn.RMSNorm (no weight, and the clamp bites at RMS(u) > 5)
@@ -463,9 +467,9 @@ class GPT(nn.Module):
             return h, h
         u = h + (R_prev.detach() if cfg.recurrent_detach else R_prev)
         s = u.detach().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
-        return h, (u * s if recurrent is None else torch.where(recurrent, u * s, h))   # non-recurrent: raw h
+        return h, (u * s if recurrent_tokens is None else torch.where(recurrent_tokens, u * s, h))   # else raw h
 
-    def jacobi_forward(self, h_emb, control=None, mode="jacobi", tol=None, cache=None):
+    def jacobi_forward(self, h_emb, control=None, mode="jacobi", tol: float = 0.0, cache=None):
         """Parallel T²MLR by Jacobi sweeps, h_emb (B, T, C) -> the top output (B, T, C). A sweep runs
         middle_step over all positions at once, each reading the state the previous sweep wrote for the
         position before it; from R^(0) = 0 every sweep makes one more position exact (README (T3), the
@@ -483,21 +487,19 @@ class GPT(nn.Module):
         if mode == "converged" and cache is not None and cache.length:
             raise ValueError(f"mode 'converged' fills an empty cache (a prompt); this one holds {cache.length} "
                              f"positions: continue it with mode 'exact'")
-        if mode not in ("jacobi", "converged"):
-            raise ValueError(f"mode {mode!r} is not one of 'jacobi', 'exact', 'converged'")
         D, b, tol = (cfg.jacobi_sweeps, cfg.jacobi_grad_sweeps, cfg.jacobi_tol) if mode == "jacobi" else \
             (h_emb.shape[1], 0, tol)
-        start, end = cfg.recurrent_layers
+        l_start, l_end = cfg.recurrent_layers
         caches = cache.layers if cache is not None else [None] * cfg.n_layer      # one per layer
-        x = self.run_layers(h_emb, self.lower, 0, caches[:start])    # the same in every sweep
+        x = self.run_layers(h_emb, self.lower, 0, caches[:l_start])  # the same in every sweep
         x_part = self.gate.gates_x(x)                                # speed-up: the gate's x half, once
-        recurrent = None if control is None else (control > 1).unsqueeze(-1)
+        recurrent_tokens = None if control is None else (control > 1).unsqueeze(-1)
 
         def shift(R):      # R_t written at position t is read by token t + 1; token 0 reads R_{-1} = 0
             return F.pad(R[:, :-1], (0, 0, 1, 0))
 
         def sweep(R_prev):  # R^(j) from R^(j-1), all positions in parallel
-            return shift(self.middle_step(x, R_prev, recurrent=recurrent, x_part=x_part)[1])
+            return shift(self.middle_step(x, R_prev, recurrent_tokens=recurrent_tokens, x_part=x_part)[1])
 
         grad = torch.is_grad_enabled()
         # R_prev = R^(j): the states every position reads, R^(0) = 0 or the reference's warm start
@@ -515,12 +517,16 @@ class GPT(nn.Module):
                 if converged:
                     break
         for _ in range(min(b, D - 1)):   # the b sweeps before the final one keep their gradient
-            R_prev = checkpoint(sweep, R_prev, use_reentrant=False) if grad and cfg.jacobi_checkpoint else sweep(R_prev)
+            if grad and cfg.jacobi_checkpoint:          # recomputed in backward: less memory, more time
+                R_prev = checkpoint(sweep, R_prev, use_reentrant=False)
+            else:
+                R_prev = sweep(R_prev)
         # the final sweep: its middle output goes on (and fills the middle layers' caches)
-        h, R = self.middle_step(x, R_prev, caches=caches[start:end + 1], recurrent=recurrent, x_part=x_part)
+        h, R = self.middle_step(x, R_prev, caches=caches[l_start:l_end + 1], recurrent_tokens=recurrent_tokens,
+                                x_part=x_part)
         if cache is not None:
             cache.R = R[:, -1:]                                      # R_{T-1}: decoding continues from it
-        return self.run_layers(h, self.upper, 0, caches[end + 1:])
+        return self.run_layers(h, self.upper, 0, caches[l_end + 1:])
 
     def exact_forward(self, h_emb, control=None, cache=None):
         """The exact recurrence (the paper's definition; the reference evaluates so), h_emb (B, T, C) -> the top
@@ -531,28 +537,28 @@ class GPT(nn.Module):
         recurrent (control) needs no state: it goes through the middle layers in one chunk (a prompt)."""
         B, T, C = h_emb.shape
         pos = cache.length if cache is not None else 0
-        start, end = self.cfg.recurrent_layers
+        l_start, l_end = self.cfg.recurrent_layers
         caches = cache.layers if cache is not None else [None] * self.cfg.n_layer   # one per layer
-        x = self.run_layers(h_emb, self.lower, pos, caches[:start])
+        x = self.run_layers(h_emb, self.lower, pos, caches[:l_start])
         # the middle layers' caches: a token attends to the keys of the tokens before it (for this call only
         # without a cache)
-        middle_caches = caches[start:end + 1] if cache is not None else [LayerCache(T) for _ in self.middle]
+        middle_caches = caches[l_start:l_end + 1] if cache is not None else [LayerCache(T) for _ in self.middle]
         x_part = self.gate.gates_x(x)                                # speed-up: the gate's x half, once
-        recurrent = None if control is None else (control > 1).unsqueeze(-1)
+        recurrent_tokens = None if control is None else (control > 1).unsqueeze(-1)
         R = cache.R if cache is not None and cache.R is not None else x.new_zeros(B, 1, C)
         # the chunks: one token each, except that a span where no row is recurrent is one chunk
-        reads = [True] * T if recurrent is None else recurrent.any(dim=0).view(-1).tolist()
-        starts = [t for t in range(T) if t == 0 or reads[t] or reads[t - 1]]
+        reads = [True] * T if recurrent_tokens is None else recurrent_tokens.any(dim=0).view(-1).tolist()
+        chunk_starts = [t for t in range(T) if t == 0 or reads[t] or reads[t - 1]]
         outputs = []
-        for t, stop in zip(starts, starts[1:] + [T]):
-            chunk = None if recurrent is None else recurrent[:, t:stop]
-            h_t, R_t = self.middle_step(x[:, t:stop], R, pos=pos + t, caches=middle_caches, recurrent=chunk,
+        for t, stop in zip(chunk_starts, chunk_starts[1:] + [T]):
+            chunk = None if recurrent_tokens is None else recurrent_tokens[:, t:stop]
+            h_t, R_t = self.middle_step(x[:, t:stop], R, pos=pos + t, caches=middle_caches, recurrent_tokens=chunk,
                                         x_part=x_part[:, t:stop])
             R = R_t[:, -1:]
             outputs.append(h_t)
         if cache is not None:
             cache.R = R
-        return self.run_layers(torch.cat(outputs, dim=1), self.upper, pos, caches[end + 1:])
+        return self.run_layers(torch.cat(outputs, dim=1), self.upper, pos, caches[l_end + 1:])
 
     # ---- generation -------------------------------------------------------------
 
@@ -570,7 +576,7 @@ class GPT(nn.Module):
         full recompute gives (T²MLR: the exact recurrence from the window's first token). While the sequence
         fits in block_size a KV cache makes each step one token of work; beyond it every token of the slid
         window changes position, so each step recomputes the window (nanoGPT's cost).
-        temperature 0 = greedy; top_k None = all tokens (sample_next). T²MLR: the prompt is non-recurrent
+        temperature 0 = greedy; top_k None = all tokens, k keeps the k most likely. T²MLR: the prompt is non-recurrent
         (c = 1) as the reference generates, unless recurrent_prompt (c = 2, as train.py trains); generated
         tokens are recurrent; prefill "exact" (token by token) or "converged" (Jacobi sweeps until the state
         moves less than prefill_tol); decoding is always exact.
@@ -582,7 +588,19 @@ class GPT(nn.Module):
         cache = InferenceCache(self.cfg.n_unrolled, window)   # every layer application's keys and values, R
         logits, _ = self(idx[:, -window:], mode=prefill, cache=cache, control=control[:, -window:], tol=prefill_tol)
         for step in range(max_new_tokens):
-            idx_next = self.sample_next(logits[:, -1, :], temperature, top_k, generator)    # (B, 1)
+            # the next token (B, 1): greedy at temperature 0 (the first of exact ties), else a draw from
+            # softmax((logits - max) / temperature) over the top_k, in float32 at least. With the max at
+            # exactly 0 no temperature overflows: one so small that the division underflows gives the greedy
+            # token, inf is uniform; a -inf logit stays -inf (-inf / inf would be NaN)
+            last = logits[:, -1, :].to(torch.promote_types(logits.dtype, torch.float32))
+            if temperature == 0:
+                idx_next = last.argmax(dim=-1, keepdim=True)
+            else:
+                diff = last - last.amax(dim=-1, keepdim=True)
+                scaled = torch.where((diff == 0) | (diff == -math.inf), diff, diff / temperature)
+                if top_k is not None and top_k < last.size(-1):     # keep the k largest (and their ties)
+                    scaled = scaled.masked_fill(last < torch.topk(last, top_k, dim=-1).values[:, -1:], -math.inf)
+                idx_next = torch.multinomial(F.softmax(scaled, dim=-1), num_samples=1, generator=generator)
             idx = torch.cat([idx, idx_next], dim=1)
             control = torch.cat([control, torch.full_like(idx_next, 2)], dim=1)         # generated: recurrent
             if step == max_new_tokens - 1:
@@ -592,23 +610,6 @@ class GPT(nn.Module):
             else:                         # the window slid: recompute it, exactly, without a cache
                 logits, _ = self(idx[:, -window:], mode="exact", control=control[:, -window:])
         return idx
-
-    @staticmethod
-    def sample_next(logits, temperature: float, top_k: Optional[int] = None, generator=None):
-        """One token per row from next-token logits (B, V) -> (B, 1) ids. temperature 0: the argmax (the first
-        of exact ties); > 0: a draw from softmax((logits - max) / temperature) in float32 at least. Subtracting
-        the max first keeps the maximum at exactly 0, so no temperature overflows: one so small that the
-        division underflows gives the greedy token, inf is uniform. top_k keeps the k largest (and ties)."""
-        if temperature == 0:
-            return logits.argmax(dim=-1, keepdim=True)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        diff = logits - logits.amax(dim=-1, keepdim=True)                # <= 0, exactly 0 at the maximum
-        # never NaN: the maximum stays 0 and a -inf logit stays -inf (-inf / inf would be NaN)
-        scaled = torch.where((diff == 0) | (diff == -math.inf), diff, diff / temperature)
-        if top_k is not None and top_k < logits.size(-1):
-            kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-            scaled = scaled.masked_fill(logits < kth, -math.inf)
-        return torch.multinomial(F.softmax(scaled, dim=-1), num_samples=1, generator=generator)
 
     # ---- released checkpoints and the optimizer ------------------------------------------------------
 

@@ -117,7 +117,10 @@ def test_state_passings_follow_their_equations():
     for mode in ("base", "residual", "anchor", "anchor_star"):
         model = build(**dict(TINY, layout="1+2R3+1", state_passing=mode))
         h_emb = model.wte(idx) * TINY["n_embd"] ** 0.5
-        cos, sin = model.rotary(0, idx.shape[1], torch.float64, idx.device)
+        seen = []                     # the rotary tables run_layers hands the layers, read by a pre-hook
+        model.layers[0].register_forward_pre_hook(lambda m, args: seen.append(args[1:3]))
+        model.run_layers(h_emb, model.layers[:1], 0)
+        cos, sin = seen[0]
         h = h0 = model.layers[0](h_emb, cos, sin)
         for _ in range(3):
             h_m = model.layers[2](model.layers[1](h, cos, sin), cos, sin)
@@ -360,7 +363,7 @@ def test_middle_step_gate_equals_the_direct_form():
     model = identity_middle(build(**VARIANTS["t2mlr_llama"]))
     x, r = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     recurrent = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool).unsqueeze(-1)
-    h, _ = model.middle_step(x, r, recurrent=recurrent, x_part=model.gate.gates_x(x))
+    h, _ = model.middle_step(x, r, recurrent_tokens=recurrent, x_part=model.gate.gates_x(x))
     want = torch.where(recurrent, gate_direct(model.gate, x, r), x)
     assert (h - want).abs().max() <= 1e-14 and (h - x)[recurrent.expand_as(x)].abs().min() > 0
 

@@ -68,7 +68,7 @@ def lower_output(model, idx):
 
 def logits_from_state(model, x, state, x_part=None, recurrent=None):
     """The final sweep from a given state R^(D-1): middle_step, the upper layers and the head."""
-    h, _ = model.middle_step(x, state, recurrent=recurrent, x_part=x_part)
+    h, _ = model.middle_step(x, state, recurrent_tokens=recurrent, x_part=x_part)
     return model.lm_head(model.ln_f(model.run_layers(h, model.upper, 0)))
 
 
@@ -82,7 +82,7 @@ def fixed_d_logits(model, idx, control=None):
     state = torch.zeros_like(x)
     for d in range(cfg.jacobi_sweeps - 1):
         with torch.set_grad_enabled(grad and cfg.jacobi_sweeps - 1 - d <= cfg.jacobi_grad_sweeps):
-            state = shift(model.middle_step(x, state, recurrent=recurrent, x_part=gates_x)[1])
+            state = shift(model.middle_step(x, state, recurrent_tokens=recurrent, x_part=gates_x)[1])
     return logits_from_state(model, x, state, gates_x, recurrent)
 
 

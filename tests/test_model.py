@@ -266,6 +266,17 @@ def test_t2mlr_gate_initialisation():
     assert torch.equal(gate(x, torch.randn(2, 5, C)), x)                       # the mixed input is x
 
 
+def tables_applied(model, pos, T, dtype):
+    """The rotary (cos, sin) that GPT.run_layers hands its first layer for positions pos..pos+T-1 of a
+    residual stream of `dtype`, read by a forward pre-hook."""
+    seen = []
+    handle = model.layers[0].register_forward_pre_hook(lambda m, args: seen.append(args[1:3]))
+    with torch.no_grad():
+        model.run_layers(torch.zeros(1, T, model.cfg.n_embd, dtype=dtype), model.layers[:1], pos)
+    handle.remove()
+    return seen[0]
+
+
 def test_rotary_is_a_relative_position_encoding(monkeypatch):
     """Rotary (NeoX/LLaMA rotate-half form, applied inside Attention): the score q·k depends only on the offset
     between positions, position 0 is the identity, and the rotated dims keep their norm; the pass-through
@@ -283,7 +294,7 @@ def test_rotary_is_a_relative_position_encoding(monkeypatch):
         model = GPT(cfg).double()
         attn = model.layers[0].attn
         x = torch.randn(1, 1, 16, dtype=torch.float64).expand(1, 40, 16)      # one vector at every position
-        cos, sin = model.rotary(0, 40, torch.float64, torch.device("cpu"))   # float64 from the start: ~1e-16
+        cos, sin = tables_applied(model, 0, 40, torch.float64)               # float64 from the start: ~1e-16
         attn(x, cos, sin)
         q, k = seen["q"][0, 0], seen["k"][0, 0]                               # (40, 16) rotated by position
         q0 = attn.qkv(x)[0, 0, :16]                                           # the unrotated query
@@ -409,40 +420,56 @@ def test_sampling_at_extreme_settings():
             model.generate(idx, 1, **bad)
 
 
-def test_sample_next_on_hand_made_logits():
-    """Ties, tiny and infinite temperatures, top_k, in float32, bfloat16 and float64."""
-    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0]])
+def draws_from(logits, temperature, top_k=None, n=1, generator=None, dtype=torch.float32):
+    """n tokens that generate draws after a one-token prompt whose next-token logits are exactly `logits`
+    (V,): a one-layer model whose final norm outputs ones (weight 0, bias 1) and whose head's first column is
+    the logits."""
+    model = GPT(GPTConfig(vocab_size=logits.numel(), block_size=4, n_embd=8, n_head=2, n_layer=1)).to(dtype)
+    with torch.no_grad():
+        model.ln_f.weight.zero_()
+        model.ln_f.bias.fill_(1.0)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[:, 0] = logits
+        prompt = torch.zeros(n, 1, dtype=torch.long)
+        assert torch.equal(model(prompt)[0][0, -1], logits.to(dtype))
+    return model.eval().generate(prompt, 1, temperature, top_k, generator)[:, -1].tolist()
+
+
+def test_sampling_on_hand_made_logits():
+    """generate's sampling: ties, tiny and infinite temperatures, top_k, in float32, bfloat16 and float64."""
+    logits = torch.tensor([0.0, 3.0, 2.0, 1.0])
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         for temperature in (0, 1e-46, 1e-40, 5e-324):
-            assert GPT.sample_next(logits.to(dtype), temperature).item() == 1
+            assert draws_from(logits, temperature, dtype=dtype) == [1]
     g = torch.Generator().manual_seed(0)
-    draws = [GPT.sample_next(logits, float("inf"), top_k=2, generator=g).item() for _ in range(2000)]
+    draws = draws_from(logits, float("inf"), top_k=2, n=2000, generator=g)
     assert set(draws) == {1, 2} and 900 < draws.count(1) < 1100     # uniform over the 2 kept tokens
-    tied = torch.tensor([[5.0, 1.0, 5.0]])
-    draws = [GPT.sample_next(tied, 1e-30, generator=g).item() for _ in range(2000)]
+    draws = draws_from(torch.tensor([5.0, 1.0, 5.0]), 1e-30, n=2000, generator=g)
     assert set(draws) == {0, 2} and 900 < draws.count(0) < 1100     # exact ties share the limit evenly
     # a -inf logit (a banned token) stays impossible at any temperature, inf included (was NaN there)
-    banned = torch.tensor([[0.0, -math.inf, 1.0, -math.inf]])
+    banned = torch.tensor([0.0, -math.inf, 1.0, -math.inf])
     for temperature in (float("inf"), 1e-30, 2.0):
-        draws = [GPT.sample_next(banned, temperature, generator=g).item() for _ in range(300)]
+        draws = draws_from(banned, temperature, n=300, generator=g)
         assert set(draws) <= {0, 2} and 2 in draws
 
 
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")     # bf16 input, fp32 norm
 def test_float64_model_has_float64_rotary_tables_and_loss():
     """The rotary tables of a float64 model are computed in float64 (not cast from float32: ~1e-7 off), and
     its loss is a float64 cross-entropy; a float32 model keeps float32 tables, and bf16 activations use
     them."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY, flavour="llama", mlp_hidden=48, n_layer=2)).double()
-    cos, sin = model.rotary(0, 32, torch.float64, torch.device("cpu"))
+    cos, sin = tables_applied(model, 0, 32, torch.float64)
     hs = TINY["n_embd"] // TINY["n_head"]
     inv_freq = 10000.0 ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
     angles = torch.arange(32, dtype=torch.float64)[:, None] * inv_freq
     assert cos.dtype == sin.dtype == torch.float64
     assert (cos[:, 0] - torch.cat([angles.cos(), angles.cos()], -1)).abs().max() <= 1e-15
     assert (sin[:, 0] - torch.cat([-angles.sin(), angles.sin()], -1)).abs().max() <= 1e-15
-    assert torch.equal(model.rotary(3, 5, torch.float64, torch.device("cpu"))[0], cos[3:8])
-    assert model.rotary(0, 4, torch.bfloat16, torch.device("cpu"))[0].dtype == torch.float32
+    assert torch.equal(tables_applied(model, 3, 5, torch.float64)[0], cos[3:8])     # positions 3..7
+    with torch.autocast("cpu", dtype=torch.bfloat16):                 # bf16 activations of a float32 model
+        assert tables_applied(GPT(model.cfg), 0, 4, torch.bfloat16)[0].dtype == torch.float32
     idx, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
     targets[0, :3] = -1                                           # ignored positions
     logits, loss = model(idx, targets)
