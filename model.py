@@ -14,6 +14,7 @@ test_equivalence.py checks every variant against slow, obvious definitions in fl
 """
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from support.checks import check_config, check_forward, check_generate, parse_layout
+from support.checks import check_config, check_forward, check_generate
 
 
 # -----------------------------------------------------------------------------
@@ -231,6 +232,9 @@ class TemporalGate(nn.Module):
 # -----------------------------------------------------------------------------
 # Configuration
 
+LAYOUT_RE = re.compile(r"^(\d+)\+(\d+)R(\d+)\+(\d+)$")      # "P+CRK+Q"; support/checks.py explains a bad one
+
+
 @dataclass
 class GPTConfig:
     """Every variant is a setting of these fields. __post_init__ fills the flavour's defaults and raises
@@ -287,7 +291,9 @@ class GPTConfig:
     def depth(self):
         """(n_prelude, n_core, n_loops K, n_coda) of the layout "P+CRK+Q" (the MeSH paper's notation: "2+4R2+2"
         -> (2, 4, 2, 2)); a vanilla stack is (n_layer, 0, 0, 0)."""
-        return parse_layout(self.layout) if self.layout else (self.n_layer, 0, 0, 0)
+        if not self.layout:
+            return self.n_layer, 0, 0, 0
+        return tuple(map(int, LAYOUT_RE.match(self.layout.replace(" ", "")).groups()))
 
     @property
     def n_loops(self):

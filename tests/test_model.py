@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import model as model_module
-from model import GPT, GPTConfig, parse_layout
+from model import GPT, GPTConfig
+from support.checks import parse_layout
 from support.accounting import layer_passes, param_counts, train_flops_per_token
 
 ROOT = Path(__file__).resolve().parent.parent
