@@ -54,6 +54,7 @@ import torch
 
 from model import GPT, GPTConfig
 from support.accounting import count_middle_passes, train_flops_per_token
+from support.loop import configure_optimizers
 
 # Model shapes per size. "neox" holds the MeSH family's shared fields, "llama" the T²MLR family's.
 SIZES = {
@@ -347,7 +348,7 @@ def run(
 
     # training steps and the matmul peak, one round robin
     optimizers = {
-        n: m.configure_optimizers(0.1, 1e-5, (0.9, 0.95), "cuda" if cuda else "cpu")
+        n: configure_optimizers(m, 0.1, 1e-5, (0.9, 0.95), "cuda" if cuda else "cpu")
         for n, m in models.items()
     }
     for m in models.values():

@@ -1,6 +1,6 @@
 """
-One small, explicit config loader shared by train.py, sample.py and model.py,
-in place of nanoGPT's exec-into-globals configurator.
+One small, explicit config loader shared by train.py, sample.py, model.py and the studies, in place of
+nanoGPT's exec-into-globals configurator. train.settle_config settles a run's whole config with it.
 
     python train.py config/tiny_mesh.py --batch_size=8 --learning_rate=3e-4 --compile=False
 

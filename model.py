@@ -617,7 +617,7 @@ class GPT(nn.Module):
                 logits, _ = self(idx[:, -window:], mode="exact", control=control[:, -window:])
         return idx
 
-    # ---- released checkpoints and the optimizer ------------------------------------------------------
+    # ---- released checkpoints ---------------------------------------------------------------------------
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, **overrides) -> "GPT":
@@ -626,13 +626,6 @@ class GPT(nn.Module):
         t2mlr=True, l_start=12, l_end=17). Loading lives in support/pretrained.py. Raises ValueError."""
         from support.pretrained import from_pretrained
         return from_pretrained(name_or_path, **overrides)
-
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW with weight decay on >= 2-D tensors only (matrices and embeddings; not biases, norms, θ)."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
 
 if __name__ == "__main__":      # python model.py config/<name>.py: a summary of the architecture

@@ -15,7 +15,9 @@ import torch
 
 from configurator import ConfigError, check_ranges, load_config
 from prepare_data import DataError, get_tokenizer
-from train import RunError, autocast_context, load_model, resolve_device, resolve_dtype
+from support.accounting import count_middle_passes
+from support.checkpoints import load_model
+from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
 
 
 @dataclass
@@ -77,6 +79,11 @@ def main(argv):
         ids = ids[-model_cfg.block_size:]
     idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    # T²MLR, converged prefill: the middle-layer passes of the prompt, generate's first forward
+    prompt_passes = []
+    if model_cfg.t2mlr and cfg.prefill == "converged":
+        passes = count_middle_passes(model)
+        model.register_forward_hook(lambda module, args, output: prompt_passes.append(passes.n))
 
     with autocast:
         out = model.generate(
@@ -90,7 +97,7 @@ def main(argv):
             prefill_tol=cfg.prefill_tol,
         )
     if model_cfg.t2mlr and cfg.prefill == "converged":      # the prompt's sweeps
-        print(f"prefill: parallel Jacobi, tol {cfg.prefill_tol:g}: middle-layer passes {model.jacobi_passes} "
+        print(f"prefill: parallel Jacobi, tol {cfg.prefill_tol:g}: middle-layer passes {prompt_passes[0]} "
               f"(exact prefill: one per token)", file=sys.stderr)
     for row in out.tolist():
         # ids >= the tokenizer's vocabulary are padding rows of the embedding, never seen in training; drop

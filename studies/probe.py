@@ -5,7 +5,7 @@ for every variant of model.py (vanilla, base / residual / anchor / anchor* / mes
     python -m studies.probe out/tiny_mesh/ckpt.pt              # 64 val sequences, written next to ckpt.pt
     python -m studies.probe out/tiny_mesh/ckpt.pt --num_seqs 500 --out assets   # the paper used 500
 
-On N validation windows of block_size tokens (the fixed, evenly strided windows of train.val_starts), it
+On N validation windows of block_size tokens (the fixed, evenly strided windows of support.data.val_starts), it
 measures
 
 (a) computational skew: the relative update r = 2‖f(h) − h‖_F / (‖f(h)‖_F + ‖h‖_F) of every unit applied

@@ -12,11 +12,11 @@ an L-layer transformer covers about 2^L actions. A recurrent state, as T²MLR ca
 needs one step per action; an LSTM also tracks state, but must squeeze the whole dictionary into its
 fixed-size state to do the retrieval.
 
-    python s5_retrieval.py config/s5_tiny_t2mlr.py     # train + evaluate one model (out/s5/s5_tiny_t2mlr)
-    python s5_retrieval.py config/s5_tiny_t2mlr.py --init_from=resume    # continue it (give its config again)
-    python s5_retrieval.py --compare                   # three models, then out/s5/s5_retrieval.{json,png}
-    python s5_retrieval.py --quick                     # a one-minute smoke run
-    python s5_retrieval.py config/s5_t2mlr.py          # the paper's settings (a GPU; 400k steps)
+    python -m studies.s5_retrieval config/s5_tiny_t2mlr.py    # train + evaluate one (out/s5/s5_tiny_t2mlr)
+    python -m studies.s5_retrieval config/s5_tiny_t2mlr.py --init_from=resume   # continue it (same config)
+    python -m studies.s5_retrieval --compare                  # three models, out/s5/s5_retrieval.{json,png}
+    python -m studies.s5_retrieval --quick                    # a one-minute smoke run
+    python -m studies.s5_retrieval config/s5_t2mlr.py         # the paper's settings (a GPU; 400k steps)
 
 Format (the reference's generator): input = `<A_key>v1v2v3v4` for every dictionary entry, `|`, then
 `<A_act>␣␣␣␣` per action; target = the same dictionary and `|`, then `<A_state>` and the action key's code
@@ -40,8 +40,11 @@ import torch.nn.functional as F
 
 from configurator import ConfigError, check_ranges, load_config
 from model import GPT, GPTConfig
-from train import (RunError, TrainConfig, autocast_context, get_lr, load_checkpoint, resolve_device,
-                   resolve_dtype, save_checkpoint)
+from support.checkpoints import load_checkpoint, rng_states
+from support.compat import upgrade_config
+from support.loop import make_trainer, optimizer_step, resume, run_steps, save_state, saved_step
+from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
+from train import TrainConfig
 
 
 # -----------------------------------------------------------------------------
@@ -295,9 +298,11 @@ def train_batch(s5: S5Config, seed: int, step: int, batch_size: int, device):
 
 def check_same_run(saved, model_cfg: GPTConfig, s5: S5Config, path):
     """Raise RunError unless the checkpoint or results dict `saved` (read from `path`) was made with these
-    model and task configs: a run is only ever continued or reused with its own settings."""
+    model and task configs: a run is only ever continued or reused with its own settings. A model config
+    saved under older key names is read under the new ones (support.compat)."""
+    stored = {"model_config": upgrade_config(saved["model_config"]), "s5_config": saved["s5_config"]}
     differ = [k for config, key in ((model_cfg, "model_config"), (s5, "s5_config"))
-              for k, v in asdict(config).items() if saved[key].get(k) != v]
+              for k, v in asdict(config).items() if stored[key].get(k) != v]
     if differ:
         raise RunError(f"{path} was made with other values of {', '.join(differ)}: give that run's config, "
                        f"or another out_dir")
@@ -307,7 +312,9 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
     """Train one model as configured and evaluate it at every n of the test range. Resumable: with
     init_from='resume' it continues out_dir/ckpt.pt; a finished run (out_dir/results.json) is not retrained.
     Give the run's config again to resume (a different model or task config is refused); a larger max_iters
-    continues a finished run. Returns the results dict (also written to out_dir/results.json)."""
+    continues a finished run. Returns the results dict (also written to out_dir/results.json).
+    The steps, the schedule, the checkpoints and the resume are train.py's (support/loop.py); the batches
+    (train_batch), the evaluation (evaluate) and the curve are the task's."""
     results_path = os.path.join(cfg.out_dir, "results.json")
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     if cfg.init_from not in ("scratch", "resume"):
@@ -333,80 +340,65 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
         )
     device = resolve_device(cfg.device)
     device_type = device.split(":")[0]
-    autocast = autocast_context(device_type, resolve_dtype(cfg.dtype, device_type))
+    dtype = resolve_dtype(cfg.dtype, device_type)
+    autocast = autocast_context(device_type, dtype)
     torch.manual_seed(cfg.seed)
     model = build_model(model_cfg, s5).to(device)
-    # GPT's optimizer rule (decay on >= 2-D tensors) applies to the LSTM's parameters unchanged
-    optimizer = GPT.configure_optimizers(
-        model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type
-    )
-    state = {"step": 0, "seconds": 0.0, "curve": []}
+    trainer = make_trainer(model, cfg, device, dtype, ckpt_path)
+    start_step, state = 0, {"seconds": 0.0, "curve": []}     # state: the task's own progress
     if cfg.init_from == "resume":
         ckpt = load_checkpoint(ckpt_path)                           # RunError when there is none
         check_same_run(ckpt, model_cfg, s5, ckpt_path)
-        if ckpt["state"]["step"] > cfg.max_iters:
+        if saved_step(ckpt) > cfg.max_iters:
             raise ConfigError(
-                f"max_iters = {cfg.max_iters} is below the {ckpt['state']['step']} steps {ckpt_path} "
-                f"has already trained; give max_iters >= {ckpt['state']['step']}"
+                f"max_iters = {cfg.max_iters} is below the {saved_step(ckpt)} steps {ckpt_path} "
+                f"has already trained; give max_iters >= {saved_step(ckpt)}"
             )
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        state = ckpt["state"]
+        start_step = resume(trainer, ckpt, ckpt_path)
+        state = {"seconds": ckpt["state"]["seconds"], "curve": ckpt["state"]["curve"]}
     elif os.path.exists(ckpt_path):
         raise RunError(f"{ckpt_path} exists: continue it with --init_from=resume, or choose another out_dir")
     os.makedirs(cfg.out_dir, exist_ok=True)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{cfg.out_dir}: {s5.arch}{' (T²MLR)' if s5.arch == 'gpt' and model_cfg.t2mlr else ''}, "
-        f"{n_params:,} parameters, steps {state['step']}..{cfg.max_iters}")
+        f"{n_params:,} parameters, steps {start_step}..{cfg.max_iters}")
 
-    def checkpoint():
-        save_checkpoint(
-            ckpt_path,
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "state": state,
-                "model_config": asdict(model_cfg),
-                "train_config": asdict(cfg),
-                "s5_config": asdict(s5),
-            },
-        )
+    def checkpoint(step):
+        save_state(trainer, step, [rng_states()], state=state, model_config=asdict(model_cfg),
+                   train_config=asdict(cfg), s5_config=asdict(s5))
+
+    losses = []                                        # the training losses since the last curve row
+
+    def train_step(step):
+        """Step `step` on its generated batch; a curve row of the mean loss every log_interval updates."""
+        idx, targets, control = train_batch(s5, cfg.seed, step, cfg.batch_size, device)
+        loss, _, lr = optimizer_step(trainer, step, 1, lambda model, _: model(idx, targets, control=control)[1])
+        losses.append(loss.item())
+        done = step + 1
+        if done % cfg.log_interval == 0 or done == cfg.max_iters:
+            state["curve"].append({"step": done, "loss": sum(losses) / len(losses), "lr": lr})
+            losses.clear()
+
+    def evaluate_and_save(step):
+        """The accuracies at the longest training n and at twice it, in the curve, then the checkpoint."""
+        probe_ns = sorted({s5.train_max_n, min(2 * s5.train_max_n, s5.test_max_n)})
+        quick = evaluate(model, s5, probe_ns, max(1, s5.eval_examples // 4), device, autocast)
+        if not state["curve"] or state["curve"][-1]["step"] != step:   # eval_interval off the log grid
+            state["curve"].append({"step": step})
+        state["curve"][-1].update({f"seq_acc@{n}": r["seq_acc"] for n, r in quick.items()}
+                                  | {f"token_acc@{n}": r["token_acc"] for n, r in quick.items()})
+        state["seconds"] = time.time() - t0
+        row = state["curve"][-1]
+        eta = state["seconds"] / max(step, 1) * (cfg.max_iters - step)
+        log(f"step {step}: " + (f"loss {row['loss']:.4f}, " if "loss" in row else "") + ", ".join(
+            f"n={n} seq {r['seq_acc']:.2f} tok {r['token_acc']:.3f}" for n, r in quick.items())
+            + f", {state['seconds'] / 60:.1f} min, ETA {eta / 60:.1f} min")
+        checkpoint(step)
 
     model.train()
     t0 = time.time() - state["seconds"]
-    loss_sum, loss_count = 0.0, 0
-    while state["step"] < cfg.max_iters:
-        step = state["step"]
-        lr = get_lr(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        idx, targets, control = train_batch(s5, cfg.seed, step, cfg.batch_size, device)
-        with autocast:
-            _, loss = model(idx, targets, control=control)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
-        state["step"] = step = step + 1
-        if step % cfg.log_interval == 0 or step == cfg.max_iters:
-            state["curve"].append({"step": step, "loss": loss_sum / loss_count, "lr": lr})
-            loss_sum, loss_count = 0.0, 0
-        if step % cfg.eval_interval == 0 or step == cfg.max_iters:
-            probe_ns = sorted({s5.train_max_n, min(2 * s5.train_max_n, s5.test_max_n)})
-            quick = evaluate(model, s5, probe_ns, max(1, s5.eval_examples // 4), device, autocast)
-            if not state["curve"] or state["curve"][-1]["step"] != step:   # eval_interval off the log grid
-                state["curve"].append({"step": step})
-            state["curve"][-1].update({f"seq_acc@{n}": r["seq_acc"] for n, r in quick.items()}
-                                      | {f"token_acc@{n}": r["token_acc"] for n, r in quick.items()})
-            state["seconds"] = time.time() - t0
-            row = state["curve"][-1]
-            eta = state["seconds"] / step * (cfg.max_iters - step)
-            log(f"step {step}: " + (f"loss {row['loss']:.4f}, " if "loss" in row else "") + ", ".join(
-                f"n={n} seq {r['seq_acc']:.2f} tok {r['token_acc']:.3f}" for n, r in quick.items())
-                + f", {state['seconds'] / 60:.1f} min, ETA {eta / 60:.1f} min")
-            checkpoint()
+    # no evaluation before the first step: the start step is taken as evaluated
+    run_steps(cfg, start_step, start_step, train_step, evaluate_and_save)
     train_seconds = state["seconds"] = time.time() - t0
     per_n = evaluate(model, s5, range(s5.test_min_n, s5.test_max_n + 1), s5.eval_examples, device, autocast)
     results = {
@@ -421,7 +413,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
         "train_config": asdict(cfg),
         "s5_config": asdict(s5),
     }
-    checkpoint()
+    checkpoint(cfg.max_iters)
     with open(results_path + ".tmp", "w") as f:
         json.dump(results, f, indent=1)
     os.replace(results_path + ".tmp", results_path)
@@ -450,7 +442,8 @@ def compare(overrides, root="out/s5"):
         all_results[name] = train(model_cfg, cfg, s5)
     stem = os.path.join(root, "s5_retrieval")
     command = " ".join(
-        ["python s5_retrieval.py --compare", *overrides] + ([f"--out_dir={root}"] if root != "out/s5" else [])
+        ["python -m studies.s5_retrieval --compare", *overrides]
+        + ([f"--out_dir={root}"] if root != "out/s5" else [])
     )
     with open(stem + ".json", "w") as f:
         json.dump({"command": command, "results": all_results}, f, indent=1)

@@ -74,8 +74,10 @@ class count_middle_passes:
     """Counts how often T²MLR's middle layers run (a forward pre-hook on layer l_start), read from outside
     the model: the Jacobi sweeps of a training forward (D, +1 with the plain start, fewer where jacobi_tol
     stopped them). Use as `with count_middle_passes(model) as passes: ...; passes.n`, or keep one for a
-    whole run and set `.n = 0` before each step; close() removes the hook. For a model without T²MLR n
-    stays 0."""
+    whole run (train.py registers it once, before torch.compile), set `.n = 0` before each forward and read
+    it after the forward, before backward: jacobi_checkpoint recomputes sweeps in backward, which the hook
+    would count too, and under torch.compile a count carried across forwards would recompile the graph for
+    every value. close() removes the hook. For a model without T²MLR n stays 0."""
 
     def __init__(self, model: GPT):
         self.n = 0

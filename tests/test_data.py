@@ -1,5 +1,5 @@
 """
-Tests for prepare_data.py: CPU only, offline, a few seconds.   Run: python -m pytest -q test_data.py
+Tests for prepare_data.py: CPU only, offline, a few seconds.   Run: python -m pytest -q tests/test_data.py
 
 The GPT-2 tests use the offline tiktoken cache and the real FineWeb sample in ../shared (the repository is
 cloned with `shared` beside it); they are skipped, with the reason, when that folder is missing.

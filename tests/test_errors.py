@@ -7,7 +7,7 @@ The cases run as subprocesses, four at a time, once per module (about 20 s on 2 
 Below them, in process: every numeric field of GPTConfig, TrainConfig and SampleConfig against its range
 (a bad value is refused naming the field, a boundary value is accepted).
 
-    python -m pytest -q test_errors.py
+    python -m pytest -q tests/test_errors.py
 """
 
 import dataclasses

@@ -4,7 +4,7 @@ sample.py, probe.py) reads state dicts saved by wrapped models (`_orig_mod.`, `m
 tied / untied embeddings exactly or refuses in one line; sample.py at block_size 1..4 and extreme
 temperatures. Trainings run in-process (train.main), a few steps of a tiny model each.
 
-    python -m pytest -q test_loading.py
+    python -m pytest -q tests/test_loading.py
 """
 
 import dataclasses
@@ -17,15 +17,9 @@ import sample
 import train
 from model import GPT, GPTConfig
 from test_train import TINY, read_log, run, write_dataset
-from train import (
-    RunError,
-    TrainConfig,
-    clean_state_dict,
-    init_weights_from,
-    load_checkpoint,
-    load_model,
-    save_checkpoint,
-)
+from support.checkpoints import clean_state_dict, init_weights_from, load_checkpoint, load_model, save_checkpoint
+from support.runtime import RunError
+from train import TrainConfig
 
 LLAMA = dict(flavour="llama", vocab_size=320, block_size=16, n_layer=3, n_embd=32, n_head=2, mlp_hidden=48)
 

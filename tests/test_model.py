@@ -20,6 +20,7 @@ import model as model_module
 from model import GPT, GPTConfig
 from support.checks import parse_layout
 from support.accounting import layer_passes, param_counts, train_flops_per_token
+from support.loop import configure_optimizers
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(vocab_size=64, block_size=32, n_embd=32, n_head=4)
@@ -173,7 +174,7 @@ def test_cache_overflow_and_long_input_raise():
 
 def test_optimizer_decays_only_matrices():
     model = GPT(GPTConfig(**TINY, n_layer=2, t2mlr=True))
-    decay, no_decay = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu").param_groups
+    decay, no_decay = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu").param_groups
     assert decay["weight_decay"] == 0.1 and all(p.dim() >= 2 for p in decay["params"])
     assert any(p is model.gate.theta_r for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))

@@ -10,7 +10,7 @@ users):
 - crash safety: SIGKILL while ckpt.pt is being written leaves the previous ckpt.pt loadable, and resuming
   from it replays the uninterrupted run exactly.
 
-    python -m pytest -q test_resume_ddp.py
+    python -m pytest -q tests/test_resume_ddp.py
 """
 
 import hashlib
@@ -26,7 +26,8 @@ import torch
 from configurator import load_config
 from model import GPT, GPTConfig
 from test_train import ROOT, TINY, read_log, write_dataset
-from train import TrainConfig, load_checkpoint
+from support.checkpoints import load_checkpoint
+from train import TrainConfig
 
 ARCHS = {
     # bias=False: GPT-NeoX's key bias has an identically zero gradient (softmax ignores a shift shared by all

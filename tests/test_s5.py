@@ -3,7 +3,7 @@ Tests of s5_retrieval.py: the S5 state rule against an independent composition o
 example of the generator's format, the tokenizer, the layout of control flow and padding, the metrics, the
 LSTM's parameter matching, and a one-minute training run that lowers the loss.
 
-Run: python -m pytest -q test_s5.py
+Run: python -m pytest -q tests/test_s5.py
 """
 
 import json
@@ -113,7 +113,7 @@ def test_generator_is_seeded_and_follows_the_format():
 
 
 def test_lengths_are_drawn_uniformly():
-    from s5_retrieval import train_batch
+    from studies.s5_retrieval import train_batch
     s5 = S5Config(train_min_n=2, train_max_n=5)
     lengths = []
     for step in range(200):
@@ -162,8 +162,8 @@ def test_metrics_on_hand_made_predictions():
 def test_evaluate_aggregates_per_n():
     """A model that predicts the targets perfectly except every state token scores 0 state and 1 code
     accuracy."""
-    from s5_retrieval import evaluate
-    from train import autocast_context
+    from studies.s5_retrieval import evaluate
+    from support.runtime import autocast_context
 
     class Oracle(torch.nn.Module):
         def __init__(self, break_states):
@@ -254,14 +254,14 @@ TINY_RUN = [
 def tiny_run(*extra):
     from configurator import load_config
     from model import GPTConfig
-    from s5_retrieval import train
+    from studies.s5_retrieval import train
     from train import TrainConfig
     return train(*load_config([*TINY_RUN, *extra], GPTConfig, TrainConfig, S5Config)[0], log=lambda _: None)
 
 
 def test_runs_are_only_continued_or_reused_with_their_own_settings(tmp_path):
     from configurator import ConfigError
-    from train import RunError
+    from support.runtime import RunError
     out = f"--out_dir={tmp_path / 'run'}"
     with pytest.raises(RunError, match="no checkpoint at"):
         tiny_run("--max_iters=2", out, "--init_from=resume")                # nothing to resume
@@ -291,7 +291,7 @@ def test_evaluations_off_the_log_grid_get_their_own_rows(tmp_path):
 def test_resume_continues_exactly(tmp_path):
     """Stopped at step 2 (on the schedule of 4 steps) and resumed: the same weights, losses and accuracies as
     an uninterrupted run of 4 steps; a finished run is returned as is; another model config is refused."""
-    from train import RunError
+    from support.runtime import RunError
     run = tiny_run
     whole = run("--max_iters=4", f"--out_dir={tmp_path / 'whole'}")
     run("--max_iters=2", f"--out_dir={tmp_path / 'split'}")
@@ -313,9 +313,22 @@ def test_resume_continues_exactly(tmp_path):
         )
 
 
+def test_a_checkpoint_of_the_loop_before_support_loop_resumes_exactly(tmp_path):
+    """The study's checkpoints before it trained through support/loop.py kept the step in ckpt["state"] and
+    held no scaler or RNG states: one rewritten that way resumes to the uninterrupted run."""
+    whole = tiny_run("--max_iters=4", f"--out_dir={tmp_path / 'whole'}")
+    tiny_run("--max_iters=2", f"--out_dir={tmp_path / 'old'}")
+    path = tmp_path / "old" / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=True)
+    old = {k: v for k, v in ckpt.items() if k not in ("step", "rng", "scaler")}
+    torch.save(old | {"state": {"step": ckpt["step"], **ckpt["state"]}}, path)
+    resumed = tiny_run("--max_iters=4", f"--out_dir={tmp_path / 'old'}", "--init_from=resume")
+    assert resumed["curve"] == whole["curve"] and resumed["per_n"] == whole["per_n"]
+
+
 def test_plot_writes_the_figure_and_the_curves(tmp_path):
     pytest.importorskip("matplotlib")
-    from s5_retrieval import plot
+    from studies.s5_retrieval import plot
     fake = lambda acc: {
         "params": 1_000_000,
         "per_n": {str(n): {"seq_acc": acc / n, "token_acc": acc} for n in range(1, 5)},

@@ -1,11 +1,11 @@
 """
-Tests for configurator.py, train.py and sample.py (CPU, about a minute): the config loader, the LR
+Tests for configurator.py, train.py (with support/: runtime, data, checkpoints, loop) and sample.py (CPU, about a minute): the config loader, the LR
 schedule, memmap window bounds, the step sampler, fixed validation windows, checkpoints, data errors, and
 end-to-end runs of train.py (scratch then sample.py, non-finite stop, T²MLR val modes).
 Bit-exact resume, DDP equivalence and crash safety: test_resume_ddp.py; bad input on the command line:
 test_errors.py. Their helpers (TINY, run, write_dataset, read_log) live here.
 
-    python -m pytest test_train.py -q
+    python -m pytest tests/test_train.py -q
 """
 
 import dataclasses
@@ -22,9 +22,12 @@ import torch
 from configurator import ConfigError, given_values, load_config
 from model import GPT, GPTConfig
 from sample import SampleConfig
-from train import (RunError, TrainConfig, get_batch, get_lr, grad_accum_steps, load_checkpoint, load_meta,
-                   model_config_from_checkpoint, random_starts, rng_states, save_checkpoint, set_rng_states,
-                   step_starts, train_config_from_checkpoint, val_starts)
+from support.checkpoints import load_checkpoint, rng_states, save_checkpoint, set_rng_states
+from support.data import get_batch, load_meta, random_starts, step_starts, val_starts
+from support.loop import configure_optimizers, get_lr
+from support.runtime import RunError
+from train import (TrainConfig, grad_accum_steps, model_config_from_checkpoint, settle_config,
+                   train_config_from_checkpoint)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--n_layer=2", "--n_embd=32", "--n_head=2", "--block_size=32", "--vocab_size=320",
@@ -271,7 +274,7 @@ def test_val_windows_are_fixed_even_and_cover_the_split():
 def tiny_model():
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=16, vocab_size=64, layout=""))
-    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    optimizer = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu")
     x = torch.randint(0, 64, (2, 16))
     model(x, x)[1].backward()
     optimizer.step()
@@ -350,6 +353,23 @@ def test_resume_compares_exactly_the_model_keys_given():
         100,
         100,
     )
+
+
+def test_settle_config_settles_resume_then_the_batch(tmp_path):
+    """settle_config: the resumed run's model and batch settings come from its checkpoint before the
+    gradient accumulation is derived from them (and from the world size)."""
+    model_cfg = GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=32, vocab_size=320)
+    run_cfg = TrainConfig(total_batch_size=512, batch_size=4, out_dir=str(tmp_path))
+    save_checkpoint(str(tmp_path / "ckpt.pt"), {"model": GPT(model_cfg).state_dict(),
+                                                "model_config": dataclasses.asdict(model_cfg),
+                                                "train_config": dataclasses.asdict(run_cfg)})
+    settled = settle_config(["--init_from=resume", f"--out_dir={tmp_path}"], world_size=2)
+    assert (settled.model_cfg, settled.cfg.total_batch_size, settled.grad_accum) == (model_cfg, 512, 2)
+    assert settled.ckpt["model_config"] == dataclasses.asdict(model_cfg) and settled.hf_weights is None
+    assert settled.given == {"init_from", "out_dir"}
+    assert settle_config(["--n_layer=1", "--batch_size=2", "--total_batch_size=8192"]).grad_accum == 4
+    with pytest.raises(ConfigError, match=r"= 4 \* 32 \* 3 = 384"):
+        settle_config(["--init_from=resume", f"--out_dir={tmp_path}"], world_size=3)
 
 
 def test_resume_without_the_config_file_continues_the_same_run():

@@ -1,0 +1,186 @@
+"""
+The training loop's machinery, one implementation for train.py and the S5 study (studies/s5_retrieval.py):
+the learning-rate schedule, one optimizer step (gradient accumulation, DDP's sync on the last micro-step,
+the finite-loss check, clipping, the update), the loop over the steps with an evaluation and checkpoint
+after every eval_interval updates and after the last, the training state saved at each and resumed from it,
+and the mean loss over fixed batches. Each script supplies its own batches, evaluation and log lines.
+
+    trainer = make_trainer(raw_model, cfg, device, dtype, ckpt_path)
+    start = resume(trainer, load_checkpoint(ckpt_path), ckpt_path) if resuming else 0
+    run_steps(cfg, start, evaluated=start if resuming else None,
+              train_step=lambda step: optimizer_step(trainer, step, 1, lambda model, m: model(x, y)[1]),
+              evaluate_and_save=lambda step: save_state(trainer, step, [rng_states()], ...))
+"""
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from model import GPT
+from support.checkpoints import load_weights, save_checkpoint, set_rng_states
+from support.runtime import RunError, autocast_context
+
+
+@dataclass
+class Trainer:
+    """What an optimizer step changes and a checkpoint saves (make_trainer builds it)."""
+    cfg: object                           # a TrainConfig (train.py): schedule, grad_clip, AdamW settings
+    raw_model: torch.nn.Module            # never compiled or wrapped: clipped, saved, evaluated exactly
+    model: torch.nn.Module                # what trains: raw_model, or it compiled and/or DDP-wrapped
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler          # loss scaling for float16; a no-op for the other dtypes
+    autocast: object                      # the mixed-precision context of forward passes
+    device: str
+    ckpt_path: str                        # where save_state writes (named by the non-finite-loss error)
+    ddp: bool = False                     # model is DDP-wrapped: gradients sync on the last micro-step
+
+
+def make_trainer(raw_model, cfg, device, dtype, ckpt_path) -> Trainer:
+    """A Trainer for raw_model on `device` with the autocast dtype `dtype`: AdamW (configure_optimizers: weight
+    decay on >= 2-D tensors, for any module, e.g. the S5 study's LSTM), a GradScaler enabled
+    for float16 only. It trains raw_model itself until the caller sets .model (compiled, DDP) and .ddp."""
+    device_type = device.split(":")[0]
+    optimizer = configure_optimizers(raw_model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
+                                     device_type)
+    return Trainer(cfg=cfg, raw_model=raw_model, model=raw_model, optimizer=optimizer,
+                   scaler=torch.amp.GradScaler("cuda", enabled=dtype == torch.float16),
+                   autocast=autocast_context(device_type, dtype), device=device, ckpt_path=ckpt_path)
+
+
+def configure_optimizers(model, weight_decay, learning_rate, betas, device_type):
+    """AdamW with weight decay on >= 2-D tensors only (matrices and embeddings; not biases, norms, θ), for any
+    module (a GPT, the S5 study's LSTM); fused on CUDA."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+
+def get_lr(step, cfg):
+    """Learning rate of optimizer step `step` (0-based): linear warmup from learning_rate/(warmup_iters+1)
+    (never 0), then cosine from learning_rate at step warmup_iters down to min_lr at step L - 1,
+    L = lr_decay_iters or max_iters; min_lr beyond. No zero-length span divides: warmup_iters = 0 starts
+    at the peak, warmup_iters >= L never decays. A run stopped early on the schedule of L and resumed
+    follows the uninterrupted run's LRs."""
+    if step < cfg.warmup_iters:
+        return cfg.learning_rate * (step + 1) / (cfg.warmup_iters + 1)
+    decay_end = cfg.lr_decay_iters or cfg.max_iters
+    progress = min(1.0, (step - cfg.warmup_iters) / max(1, decay_end - 1 - cfg.warmup_iters))
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def optimizer_step(t: Trainer, step, grad_accum, micro_loss):
+    """Optimizer step `step` (0-based) at the schedule's LR: grad_accum micro-steps of forward and backward,
+    micro_loss(model, m) giving micro-step m's loss (its batch through `model`, under autocast), then the
+    gradients clipped to cfg.grad_clip (0 = not clipped; the norm is returned either way) and the update.
+    Returns (the mean loss over micro-steps and ranks, the grad norm) as 0-d tensors on the device, and the
+    LR; reading the tensors syncs the host. Raises RunError, before the update, when the loss is not
+    finite."""
+    lr = get_lr(step, t.cfg)
+    for group in t.optimizer.param_groups:
+        group["lr"] = lr
+    loss_sum = torch.zeros((), device=t.device)      # summed on the device: no host sync per micro-step
+    for micro in range(grad_accum):
+        # DDP arms its gradient all-reduce during the forward pass, so whether this micro-step syncs
+        # is decided before it: only the last one does, and no_sync wraps forward AND backward.
+        with t.model.no_sync() if t.ddp and micro < grad_accum - 1 else nullcontext():
+            with t.autocast:
+                loss = micro_loss(t.model, micro)
+            loss_sum += loss.detach()
+            t.scaler.scale(loss / grad_accum).backward()
+    if t.ddp:
+        dist.all_reduce(loss_sum)
+        loss_sum /= dist.get_world_size()
+    train_loss = loss_sum / grad_accum                # the exact mean over all micro-steps and ranks
+    # One host sync per step: a NaN/inf loss (the same on every rank after the all-reduce) stops the
+    # run before the update, leaving ckpt.pt at the last good evaluation.
+    if not torch.isfinite(train_loss):
+        raise RunError(
+            f"non-finite train loss {train_loss.item()} at step {step}; stopped before the update, "
+            f"{t.ckpt_path} holds the last good state"
+        )
+    t.scaler.unscale_(t.optimizer)                    # clip the true gradients, not fp16-scaled ones
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        t.raw_model.parameters(), t.cfg.grad_clip if t.cfg.grad_clip > 0 else math.inf
+    )
+    t.scaler.step(t.optimizer)
+    t.scaler.update()
+    t.optimizer.zero_grad(set_to_none=True)
+    return train_loss, grad_norm, lr
+
+
+def run_steps(cfg, start_step, evaluated, train_step, evaluate_and_save):
+    """The loop: optimizer steps start_step .. cfg.max_iters - 1 by train_step(step), and
+    evaluate_and_save(step) after `step` updates at every multiple of cfg.eval_interval and after the last
+    one, except at the step `evaluated` (None for none), whose evaluation is done already: the step a run
+    resumed from, or for the S5 study its step 0."""
+    for step in range(start_step, cfg.max_iters + 1):
+        last = step == cfg.max_iters
+        if last or (step % cfg.eval_interval == 0 and step != evaluated):
+            evaluate_and_save(step)
+        if last:
+            break
+        train_step(step)
+
+
+def save_state(t: Trainer, step, rng, **fields):
+    """Write the training state after `step` updates atomically to t.ckpt_path: the weights, optimizer and
+    scaler states, step, rng (one rng_states() per rank), and the caller's `fields` (its configs, its
+    losses). resume() reads it back."""
+    save_checkpoint(
+        t.ckpt_path,
+        {
+            "model": t.raw_model.state_dict(),
+            "optimizer": t.optimizer.state_dict(),
+            "scaler": t.scaler.state_dict(),
+            "step": step,
+            "rng": rng,
+        }
+        | fields,
+    )
+
+
+def saved_step(ckpt):
+    """The number of updates a checkpoint holds (the S5 study's older ones keep it in ckpt["state"])."""
+    return ckpt["step"] if "step" in ckpt else ckpt["state"]["step"]
+
+
+def resume(t: Trainer, ckpt, path, rank=0, world_size=1, data_gen=None):
+    """Continue the run of the checkpoint `ckpt` (read from `path`) as if it never stopped: the weights, the
+    optimizer and scaler states and, where it holds them, this rank's RNG states and the data sampler
+    `data_gen`'s. Returns its step. Raises RunError when the weights do not fit, or when it was written by
+    another number of ranks (another world size cannot replay the same batches)."""
+    if isinstance(t.raw_model, GPT):                  # the embedding tie mapped, a misfit named
+        load_weights(t.raw_model, ckpt["model"], path)
+    else:                                             # another module (the S5 study's LSTM): as saved
+        t.raw_model.load_state_dict(ckpt["model"])
+    t.optimizer.load_state_dict(ckpt["optimizer"])
+    if "scaler" in ckpt:                              # (the S5 study's older checkpoints have none)
+        t.scaler.load_state_dict(ckpt["scaler"])
+    if "rng" in ckpt:
+        if len(ckpt["rng"]) != world_size:
+            raise RunError(f"{path} was written by {len(ckpt['rng'])} ranks, this run has {world_size}")
+        set_rng_states(ckpt["rng"][rank], data_gen)
+    return saved_step(ckpt)
+
+
+@torch.no_grad()
+def evaluate(model, batches, device, autocast, mode=None, tol=0.0):
+    """Mean loss per token over `batches` (an iterable of (inputs, targets): this rank's share), summed over
+    all ranks when distributed, so the value does not depend on the world size. mode and tol are passed
+    to T²MLR models."""
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(2, device=device)             # (sum of token losses, number of tokens)
+    for x, y in batches:
+        with autocast:
+            _, loss = model(x, y, mode=mode, tol=tol)
+        totals[0] += loss.float() * y.numel()
+        totals[1] += y.numel()
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    model.train(was_training)
+    return (totals[0] / totals[1]).item()

@@ -1,0 +1,62 @@
+"""
+Where a script runs: the device, the autocast dtype, the mixed-precision context, the GPUs' peak FLOP/s,
+and RunError, the one-line error of a run (train.py, sample.py, the studies).
+"""
+
+from contextlib import nullcontext
+
+import torch
+
+from configurator import ConfigError
+
+
+class RunError(RuntimeError):
+    """A problem with the data, a checkpoint or the run itself; printed as one line `error: ...`."""
+
+
+# Dense bf16 tensor-core peak FLOP/s per GPU, matched against torch.cuda.get_device_name() in this
+# order (so "H100 PCIe" before "H100", "L40S" before "L4"). With dtype=float32 MFU reads low.
+PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100 PCIe": 756e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+}
+
+
+def peak_flops(device, given=None):
+    """Peak FLOP/s of one device for MFU: `given` (--peak_flops) if set, else PEAK_FLOPS' entry for a known
+    GPU, else None."""
+    if given or not device.startswith("cuda"):
+        return given or None
+    return next((v for k, v in PEAK_FLOPS.items() if k in torch.cuda.get_device_name(device)), None)
+
+
+def resolve_device(name, local_rank=None):
+    """'auto' -> the best available device; under DDP plain 'cuda' becomes this rank's GPU
+    'cuda:<local_rank>'."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if name == "cuda" and local_rank is not None:
+        name = f"cuda:{local_rank}"
+    return name
+
+
+def resolve_dtype(name, device_type):
+    """The autocast dtype: 'auto' = bf16 on CUDA when supported, else fp32 (CPU/MPS: fp32 is the safe
+    default). fp16 needs a GradScaler and is CUDA-only; asking for it elsewhere raises ConfigError."""
+    if name == "auto":
+        return torch.bfloat16 if device_type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    if name == "float16" and device_type != "cuda":
+        raise ConfigError(
+            "dtype 'float16' needs CUDA (it trains with a GradScaler); use bfloat16 or float32 on "
+            f"{device_type}"
+        )
+    return getattr(torch, name)
+
+
+def autocast_context(device_type, dtype):
+    """Mixed precision for the forward pass; a no-op in fp32. The model computes the loss in fp32."""
+    return nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
