@@ -14,7 +14,6 @@ test_equivalence.py checks every variant against slow, obvious definitions in fl
 """
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from support.checks import check_config, check_forward, check_generate
+from support.checks import LAYOUT_RE, check_config, check_forward, check_generate
 
 
 # -----------------------------------------------------------------------------
@@ -232,9 +231,6 @@ class TemporalGate(nn.Module):
 # -----------------------------------------------------------------------------
 # Configuration
 
-LAYOUT_RE = re.compile(r"^(\d+)\+(\d+)R(\d+)\+(\d+)$")      # "P+CRK+Q"; support/checks.py explains a bad one
-
-
 @dataclass
 class GPTConfig:
     """Every variant is a setting of these fields. __post_init__ fills the flavour's defaults and raises
@@ -357,10 +353,12 @@ class GPT(nn.Module):
         the T²MLR gate its own (TemporalGate.reset_parameters). The embeddings are scaled in forward."""
         std = math.sqrt(2 / (5 * self.cfg.n_embd))
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):       # (the norms keep PyTorch's 1 and 0)
+            if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                nn.init.ones_(module.weight)
+            if isinstance(module, (nn.Linear, nn.LayerNorm)) and module.bias is not None:
+                nn.init.zeros_(module.bias)
         for layer in self.layers:
             for proj in (layer.attn.proj, layer.mlp.down):
                 nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.cfg.n_unrolled))
@@ -430,7 +428,7 @@ class GPT(nn.Module):
         """h_emb (B, T, C) -> the coda's output (B, T, C): the prelude, the core K times with the state
         passing `state_passing` between loops (§3.1) or MeSH's buffer (§3.2), the coda."""
         cfg = self.cfg
-        P, n_core, K = len(self.prelude), len(self.core), cfg.n_loops      # the layout's P and C, and K
+        P, n_core, K = len(self.prelude), len(self.core), cfg.n_loops      # layers per group, loops
         caches = cache.layers if cache is not None else [None] * cfg.n_unrolled    # one per layer application
         h = self.run_layers(h_emb, self.prelude, pos, caches[:P])                  # h_pre
         if cfg.state_passing == "mesh":    # the transitional step: write h_pre into the buffer, read h(0)

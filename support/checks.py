@@ -1,13 +1,16 @@
 """The checks of a GPTConfig (model.py), run by its __post_init__: every invalid value or combination raises
 ValueError naming the value and what is valid. Nothing here changes a config."""
 
+import re
+
 from configurator import check_ranges
+
+LAYOUT_RE = re.compile(r"^(\d+)\+(\d+)R(\d+)\+(\d+)$")      # "P+CRK+Q", the MeSH paper's layouts
 
 
 def parse_layout(layout: str):
     """'P+CRK+Q' (the MeSH paper's notation) -> (n_prelude, n_core, n_loops K, n_coda), e.g. '2+4R2+2' ->
     (2, 4, 2, 2). Raises ValueError quoting the string when it is malformed or has no core or K < 1."""
-    from model import LAYOUT_RE            # here: model.py imports this module
     m = LAYOUT_RE.match(layout.replace(" ", ""))
     if m is None:
         raise ValueError(

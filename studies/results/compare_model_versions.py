@@ -5,7 +5,7 @@ short measures (prefill, exact evaluation, decode) take the fastest of 3 calls p
     git worktree add /tmp/before a327fb5     # the version to compare with
     python studies/results/compare_model_versions.py /tmp/before/model.py 9     # 9 rounds, the first unmeasured
 
-Its old config may name D jacobi_iters (before the rename to jacobi_sweeps); both are handled."""
+An older model.py may know config keys by their old names (support/compat.py): both are handled."""
 import importlib.util, os, statistics, sys, time, torch
 HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the root
 sys.path.insert(0, HERE)
@@ -13,12 +13,14 @@ def load(name, path):
     spec = importlib.util.spec_from_file_location(name, path); m = importlib.util.module_from_spec(spec)
     sys.modules[name] = m; spec.loader.exec_module(m); return m
 old = load("model_old", sys.argv[1]); new = load("model_new", os.path.join(HERE, "model.py"))
+from support.compat import RENAMED_FIELDS
+OLD_NAME = {new_name: old_name for old_name, new_name in RENAMED_FIELDS.items()}
 torch.manual_seed(0)
 base = dict(flavour="llama", vocab_size=512, n_embd=128, n_head=4, n_layer=8, mlp_hidden=512, block_size=256)
 t2 = dict(t2mlr=True, l_start=2, l_end=5)
 def pair(**kw):
-    renamed = "jacobi_sweeps" not in {f for f in old.GPTConfig.__dataclass_fields__}
-    oc = {("jacobi_iters" if k == "jacobi_sweeps" and renamed else k): v for k, v in kw.items()}
+    fields = old.GPTConfig.__dataclass_fields__          # an older model.py knows some keys by old names
+    oc = {(k if k in fields else OLD_NAME[k]): v for k, v in kw.items()}
     mo = old.GPT(old.GPTConfig(**oc)); mn = new.GPT(new.GPTConfig(**kw)); mn.load_state_dict(mo.state_dict())
     if mo.gate is not None:
         with torch.no_grad():
@@ -26,7 +28,7 @@ def pair(**kw):
     return mo.eval(), mn.eval()
 pl_o, pl_n = pair(**base); t_o, t_n = pair(**base, **t2)
 mesh_o, mesh_n = pair(
-    flavour="neox", vocab_size=320, n_embd=128, n_head=4, layout="2+2R2+2", state_mode="mesh", block_size=256
+    flavour="neox", vocab_size=320, n_embd=128, n_head=4, layout="2+2R2+2", state_passing="mesh", block_size=256
 )
 van_o, van_n = pair(flavour="neox", vocab_size=320, n_embd=128, n_head=4, n_layer=8, block_size=256)
 g = torch.Generator().manual_seed(1)
