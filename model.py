@@ -250,6 +250,7 @@ class GPTConfig:
     tie_embeddings: Optional[bool] = None  # None = False (neox, Pythia) / True (llama, SmolLM2)
     norm_eps: float = 1e-5
     embed_scale: bool = True         # embeddings times sqrt(C) (MeSH §4.1); False for Pythia/SmolLM2 weights
+    weight_init: str = "mesh"        # "mesh" (GPT.init_weights) or "reference": the T²MLR reference's (HF Llama)
     # MeSH and the heuristic state passings (MeSH paper §3.1-3.2)
     state_passing: str = "base"      # h_sup: base 0 | residual h(t) | anchor h(0) | anchor_star h_emb | mesh
     mesh_slots: Optional[int] = None  # n_slots (the paper's B); None = K + 3 (MeSH paper §4.4, Table 3)
@@ -350,8 +351,11 @@ class GPT(nn.Module):
         al. 2025, where the paper states none): Linear/Embedding weights N(0, 2/(5C)), biases 0, norms 1;
         attention-out and MLP-down std / sqrt(2 · unrolled depth) (MeSH §4.1); the MeSH routers the same
         small normal, never zero (zero weights would keep the empty slots identical forever: our choice);
-        the T²MLR gate its own (TemporalGate.reset_parameters). The embeddings are scaled in forward."""
-        std = math.sqrt(2 / (5 * self.cfg.n_embd))
+        the T²MLR gate its own (TemporalGate.reset_parameters). The embeddings are scaled in forward.
+        weight_init "reference" is the T²MLR reference's instead (its models are Hugging Face Llama models):
+        every weight N(0, 0.02²), no depth scaling; with embed_scale=False, as its embeddings are unscaled."""
+        reference = self.cfg.weight_init == "reference"
+        std = 0.02 if reference else math.sqrt(2 / (5 * self.cfg.n_embd))
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -359,9 +363,10 @@ class GPT(nn.Module):
                 nn.init.ones_(module.weight)
             if isinstance(module, (nn.Linear, nn.LayerNorm)) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        for layer in self.layers:
-            for proj in (layer.attn.proj, layer.mlp.down):
-                nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.cfg.n_unrolled))
+        if not reference:                    # depth-aware output projections (MeSH §4.1)
+            for layer in self.layers:
+                for proj in (layer.attn.proj, layer.mlp.down):
+                    nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.cfg.n_unrolled))
         if self.gate is not None:
             self.gate.reset_parameters()
 

@@ -46,7 +46,7 @@ GPT_RANGES = {
     "gate_weight_gain": "> 0",
 }
 CHOICES = {"flavour": ("neox", "llama"), "state_passing": STATE_PASSINGS, "jacobi_init": ("zero", "plain"),
-           "mesh_trans_router_in": ("pre", "emb")}
+           "mesh_trans_router_in": ("pre", "emb"), "weight_init": ("mesh", "reference")}
 
 
 def check_choice(cfg, name):
@@ -65,7 +65,7 @@ def check_config(cfg):
                          f"and n_head by n_kv_head ({cfg.n_kv_head})")
     if cfg.layout:
         parse_layout(cfg.layout)
-    for name in ("state_passing", "jacobi_init", "mesh_trans_router_in"):
+    for name in ("state_passing", "jacobi_init", "mesh_trans_router_in", "weight_init"):
         check_choice(cfg, name)
     if cfg.t2mlr:
         check_t2mlr(cfg)

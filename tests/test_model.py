@@ -311,6 +311,34 @@ def test_rotary_is_a_relative_position_encoding(monkeypatch):
         assert torch.equal(q[13, r:], q0[r:]) and not torch.allclose(q[13, :r], q0[:r])
 
 
+def test_reference_initialisation_has_the_reference_statistics():
+    """weight_init "reference" (the T²MLR reference's Hugging Face Llama models): every Linear and Embedding
+    weight N(0, 0.02²), the output projections included (no depth scaling), biases 0, norms 1; the gate keeps
+    its own initialisation (identity at θ = 0); with embed_scale=False the embeddings enter unscaled."""
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=512, block_size=16, n_embd=256, n_head=4, n_layer=4, flavour="llama", mlp_hidden=1024,
+               t2mlr=True, l_start=1, l_end=2, embed_scale=False)
+    ref, ours = GPT(GPTConfig(**cfg, weight_init="reference")), GPT(GPTConfig(**cfg))
+    for name, p in ref.named_parameters():
+        if name.startswith("gate."):
+            continue
+        if p.dim() == 2:
+            assert abs(p.std().item() / 0.02 - 1) < 0.03 and abs(p.mean().item()) < 2e-3, name
+        else:
+            assert torch.equal(p, torch.ones_like(p)), name          # the RMSNorm weights
+    assert abs(ref.layers[0].mlp.down.weight.std().item() / 0.02 - 1) < 0.03        # not depth-scaled
+    ours_std = math.sqrt(2 / (5 * 256)) / math.sqrt(2 * 4)                       # ours: depth-scaled, 0.014
+    assert abs(ours.layers[0].mlp.down.weight.std().item() / ours_std - 1) < 0.03
+    assert torch.equal(ref.gate.theta_r, torch.zeros(1)) and ref.gate.gates_x.weight.std() > 0.04
+    idx = torch.randint(0, 512, (2, 8))
+    seen = []
+    ref.layers[0].register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    ref(idx)
+    assert torch.equal(seen[0], ref.wte(idx))                                     # unscaled embeddings
+    with pytest.raises(ValueError, match=r"^weight_init 'hf' is not one of 'mesh', 'reference'"):
+        GPTConfig(weight_init="hf")
+
+
 def test_gate_initialisation_options():
     """gate_bias_prob p sets b_r = b_x = logit(p) (S5: p = 0.5 -> 0); gate_weight_gain scales the xavier std
     sqrt(2/(3C)) of A_r, A_x; the default keeps the Linear's uniform biases."""
