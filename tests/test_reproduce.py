@@ -365,6 +365,13 @@ def test_quick_mode_end_to_end_slow(pydoc, tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done earlier, skipped") == len(grid)
     assert json.loads((results / "reproduce.json").read_text())["tables"] == report["tables"]
+    # a stored run made on other data is refused, not reused (the same folder, one JSON changed)
+    stored = results / "reproduce" / "t2mlr_plain_s1.json"
+    s = json.loads(stored.read_text())
+    s["data"]["train_tokens"] += 1
+    stored.write_text(json.dumps(s))
+    other = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=300)
+    assert other.returncode != 0 and "was made on other data" in other.stderr, other.stderr[-2000:]
     # `... starts`: the zero start's Jacobi gaps equal the run's own gap table (same windows)
     ckpt = tmp_path / "out" / "t2mlr_t2mlr_s1" / "ckpt.pt"
     rows = main(

@@ -95,7 +95,7 @@ def study_main(argv):
     assets = args.assets or (os.path.join(out_root, "assets") if args.quick else "assets")
     prefix = "reproduce_quick" if args.quick else "reproduce"
     runs = make_grid(pr)
-    meta = load_meta(args.data_dir, pr.block_size)
+    meta = load_meta(args.data_dir, pr.block_size, "byte")
     if meta["tokenizer"] != "byte":
         raise RunError(f"{args.data_dir} holds {meta['tokenizer']} tokens; the study is on byte tokens")
     estimates = {r.name: est_seconds(r, pr, meta["val_tokens"]) for r in runs}
@@ -117,7 +117,11 @@ def study_main(argv):
     )
     stopped = False
     for r in runs:                       # the stored results of every run of the grid, --only or not
-        s = load_summary(os.path.join(summary_dir, f"{r.name}.json"), r)
+        path = os.path.join(summary_dir, f"{r.name}.json")
+        s = load_summary(path, r)
+        if s is not None and "data" in s and s["data"] != {k: meta[k] for k in s["data"]}:
+            raise RunError(f"{path} was made on other data ({s['data']}, not {args.data_dir}'s); delete it to "
+                           f"re-run, or pass another --results folder")
         if s is not None:
             summaries[r.name] = s
     for i, run in enumerate(selected):
