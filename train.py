@@ -22,7 +22,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -76,6 +76,11 @@ class TrainConfig:
     beta1: float = 0.9                    # AdamW β1
     beta2: float = 0.95                   # AdamW β2
     grad_clip: float = 1.0                # clip the global grad norm to this; 0 = off (the norm is logged)
+    gate_lr_multiplier: float = 1.0       # T²MLR: the gate's parameters (W_p, A, b, θ) at this times the LR
+    # train_mode, T²MLR only (the other models ignore it, as val_mode): 'jacobi' (D parallel sweeps; exact at
+    # positions < D) or 'exact' (the recurrence token by token with autograd: every position's state exact,
+    # the middle layers once per token)
+    train_mode: str = "jacobi"            # T²MLR only: 'jacobi' or 'exact'
     # system
     device: str = "auto"                  # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
     dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), float32, bfloat16
@@ -90,7 +95,7 @@ class TrainConfig:
                 f"init_from {self.init_from!r} is not 'scratch', 'resume', a checkpoint path ending in .pt "
                 f"or 'hf:<hub id or folder>'"
             )
-        choices = {"val_mode": ("exact", "jacobi", "converged"),
+        choices = {"val_mode": ("exact", "jacobi", "converged"), "train_mode": ("jacobi", "exact"),
                    "dtype": ("auto", "float32", "bfloat16", "float16")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -119,6 +124,7 @@ TRAIN_RANGES = {
     "beta1": "[0, 1)",
     "beta2": "[0, 1)",
     "grad_clip": ">= 0",
+    "gate_lr_multiplier": "> 0",
     "seed": "[0, 4294967295]",
     "peak_flops": "> 0",
     "val_tol": "[0, 1)",
@@ -261,7 +267,7 @@ class Run:
     val_path: str
     data_dtype: object
     val_windows: list                     # this rank's fixed val windows
-    train_mode: Optional[str]             # T²MLR: "jacobi" (D sweeps); None for the other models
+    train_mode: Optional[str]             # T²MLR: cfg.train_mode ("jacobi": D sweeps, "exact"); None otherwise
     val_mode: Optional[str]               # T²MLR: cfg.val_mode; None for the other models
     val_label: str
     data_gen: torch.Generator             # the data order (the same on every rank: see step_starts)
@@ -313,7 +319,8 @@ def main(argv):
                 f"step {step}: loss {row['loss']:.4f}, lr {row['lr']:.3g}, grad norm {row['grad_norm']:.3f}, "
                 f"{row['ms']:.0f} ms, {row['tok_s']:,.0f} tok/s, "
                 + (f"MFU {100 * row['mfu']:.1f}%" if run.peak else f"{row['flops'] / 1e12:.3g} TFLOP/s")
-                + (f", Jacobi passes {row['jacobi_passes']:.2f}" if run.model_cfg.t2mlr else "")
+                + (f", {'Jacobi' if run.train_mode == 'jacobi' else 'token'} passes {row['jacobi_passes']:.2f}"
+                   if run.model_cfg.t2mlr else "")
                 + f", ETA {eta / 60:.1f} min",
             )
 
@@ -379,7 +386,7 @@ def setup(argv) -> Run:
                        f"{ckpt['tokenizer']} tokens; resume with the run's dataset")
     # the fixed val windows, dealt out to the ranks; evaluate() sums over ranks
     val_windows = val_starts(meta["val_tokens"], T, cfg.eval_iters * cfg.batch_size)[rank::world_size]
-    train_mode = "jacobi" if model_cfg.t2mlr else None   # T²MLR trains by parallel Jacobi sweeps
+    train_mode = cfg.train_mode if model_cfg.t2mlr else None   # T²MLR: Jacobi sweeps or the exact recurrence
     val_mode = cfg.val_mode if model_cfg.t2mlr else None
     val_label = (
         f"val loss ({cfg.val_mode}" + (f", tol {cfg.val_tol:g})" if cfg.val_mode == "converged" else ")")
@@ -417,7 +424,8 @@ def setup(argv) -> Run:
             raise RunError(f"--init_from={cfg.init_from}: {e}") from None
     # T²MLR: counts the middle-layer passes (a hook, registered once, before compiling)
     pass_counter = count_middle_passes(raw_model) if model_cfg.t2mlr else None
-    use_compile = device_type == "cuda" if cfg.compile is None else cfg.compile
+    # compile None: on for CUDA, except for exact training (its Python loop over tokens would unroll T steps)
+    use_compile = device_type == "cuda" and train_mode != "exact" if cfg.compile is None else cfg.compile
     compiled = torch.compile(raw_model) if use_compile else raw_model
     # Every parameter gets a gradient on every step (MeSH routers and T²MLR gates always run), so DDP
     # needs no find_unused_parameters.
@@ -426,7 +434,7 @@ def setup(argv) -> Run:
     trainer.ddp = ddp
     # The exact T²MLR forward loops over tokens in Python; compiling it would unroll T steps.
     eval_model = compiled if val_mode == "jacobi" else raw_model
-    flops_per_token = train_flops_per_token(raw_model)
+    flops_per_token = train_flops_per_token(raw_model if train_mode != "exact" else exact_twin(model_cfg))
     peak = peak_flops(device, cfg.peak_flops)
     if master:
         counts = param_counts(raw_model)
@@ -482,6 +490,15 @@ def setup(argv) -> Run:
         flops_per_token=flops_per_token,
         peak=peak,
     )
+
+
+def exact_twin(model_cfg):
+    """A model on the meta device whose training FLOPs equal exact training's (train_mode 'exact'): the
+    middle layers once forward and once backward per token, the gate once, as Jacobi with D = 1
+    (support.accounting counts Jacobi sweeps)."""
+    with torch.device("meta"):
+        return GPT(replace(model_cfg, jacobi_sweeps=1, jacobi_grad_sweeps=0, jacobi_tol=0.0,
+                           jacobi_checkpoint=False, jacobi_init="zero"))
 
 
 def evaluate_and_save(run: Run, step: int):
@@ -544,7 +561,8 @@ def train_step(run: Run, step: int, logged: bool) -> Optional[dict]:
     row = {"step": step, "loss": train_loss.item(), "lr": lr, "grad_norm": grad_norm.item(), "ms": 1000 * dt,
            "tok_s": tok_s, "flops": flops, "mfu": flops / run.peak if run.peak else None}
     if run.model_cfg.t2mlr:
-        # mean middle-layer passes per micro-step (D, +1 with the plain start, fewer where jacobi_tol stopped)
+        # mean middle-layer passes per micro-step (D, +1 with the plain start, fewer where jacobi_tol stopped;
+        # train_mode exact: one per token, T)
         row["jacobi_passes"] = sum(passes) / run.grad_accum
     return row
 

@@ -16,6 +16,7 @@ fixed-size state to do the retrieval.
     python -m studies.s5_retrieval config/s5_tiny_t2mlr.py --init_from=resume   # continue it (same config)
     python -m studies.s5_retrieval --compare                  # three models, out/s5/s5_retrieval.{json,png}
     python -m studies.s5_retrieval --quick                    # a one-minute smoke run
+    python -m studies.s5_retrieval --rerun                    # setting A again: exact states, init, gate LR
     python -m studies.s5_retrieval config/s5_t2mlr.py         # the paper's settings (a GPU; 400k steps)
 
 Format (the reference's generator): input = `<A_key>v1v2v3v4` for every dictionary entry, `|`, then
@@ -296,13 +297,21 @@ def train_batch(s5: S5Config, seed: int, step: int, batch_size: int, device):
     return make_batch(examples, device)
 
 
-def check_same_run(saved, model_cfg: GPTConfig, s5: S5Config, path):
+TRAINING_KEYS = ("train_mode", "gate_lr_multiplier")    # TrainConfig keys a run is only continued with
+
+
+def check_same_run(saved, model_cfg: GPTConfig, s5: S5Config, path, cfg=None):
     """Raise RunError unless the checkpoint or results dict `saved` (read from `path`) was made with these
-    model and task configs: a run is only ever continued or reused with its own settings. A model config
-    saved under older key names is read under the new ones (support.compat)."""
+    model and task configs (and, given cfg, the same TRAINING_KEYS; saved before they existed: their
+    defaults): a run is only ever continued or reused with its own settings. A model config saved under
+    older key names is read under the new ones (support.compat)."""
     stored = {"model_config": upgrade_config(saved["model_config"]), "s5_config": saved["s5_config"]}
     differ = [k for config, key in ((model_cfg, "model_config"), (s5, "s5_config"))
               for k, v in asdict(config).items() if stored[key].get(k) != v]
+    if cfg is not None:
+        train_stored = saved.get("train_config", {})
+        differ += [k for k in TRAINING_KEYS
+                   if train_stored.get(k, TrainConfig.__dataclass_fields__[k].default) != getattr(cfg, k)]
     if differ:
         raise RunError(f"{path} was made with other values of {', '.join(differ)}: give that run's config, "
                        f"or another out_dir")
@@ -324,7 +333,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
     if os.path.exists(results_path):
         with open(results_path) as f:
             results = json.load(f)
-        check_same_run(results, model_cfg, s5, results_path)
+        check_same_run(results, model_cfg, s5, results_path, cfg)
         # finished: skip (a longer max_iters continues it)
         if results["steps"] == cfg.max_iters:
             return results
@@ -348,7 +357,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
     start_step, state = 0, {"seconds": 0.0, "curve": []}     # state: the task's own progress
     if cfg.init_from == "resume":
         ckpt = load_checkpoint(ckpt_path)                           # RunError when there is none
-        check_same_run(ckpt, model_cfg, s5, ckpt_path)
+        check_same_run(ckpt, model_cfg, s5, ckpt_path, cfg)
         if saved_step(ckpt) > cfg.max_iters:
             raise ConfigError(
                 f"max_iters = {cfg.max_iters} is below the {saved_step(ckpt)} steps {ckpt_path} "
@@ -368,16 +377,24 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
                    train_config=asdict(cfg), s5_config=asdict(s5))
 
     losses = []                                        # the training losses since the last curve row
+    # T²MLR trains by Jacobi sweeps (D) or the exact recurrence token by token (TrainConfig.train_mode)
+    train_mode = cfg.train_mode if s5.arch == "gpt" and model_cfg.t2mlr else None
 
     def train_step(step):
         """Step `step` on its generated batch; a curve row of the mean loss every log_interval updates."""
         idx, targets, control = train_batch(s5, cfg.seed, step, cfg.batch_size, device)
-        loss, _, lr = optimizer_step(trainer, step, 1, lambda model, _: model(idx, targets, control=control)[1])
+        loss, _, lr = optimizer_step(trainer, step, 1, lambda model, _: model(idx, targets, control=control,
+                                                                               mode=train_mode)[1])
         losses.append(loss.item())
         done = step + 1
         if done % cfg.log_interval == 0 or done == cfg.max_iters:
-            state["curve"].append({"step": done, "loss": sum(losses) / len(losses), "lr": lr})
+            state["curve"].append({"step": done, "loss": sum(losses) / len(losses), "lr": lr} | gate_row())
             losses.clear()
+
+    def gate_row():
+        """T²MLR: the global gates θ_r, θ_x after this step (how far the recurrent path opened)."""
+        gate = getattr(model, "gate", None)
+        return {} if gate is None else {"theta_r": gate.theta_r.item(), "theta_x": gate.theta_x.item()}
 
     def evaluate_and_save(step):
         """The accuracies at the longest training n and at twice it, in the curve, then the checkpoint."""
@@ -407,6 +424,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
         "params": n_params,
         "train_seconds": train_seconds,
         "steps": cfg.max_iters,
+        **gate_row(),
         "per_n": {str(n): r for n, r in per_n.items()},
         "curve": state["curve"],
         "model_config": asdict(model_cfg),
@@ -449,6 +467,92 @@ def compare(overrides, root="out/s5"):
         json.dump({"command": command, "results": all_results}, f, indent=1)
     plot(all_results, stem + ".png")
     return all_results, [stem + ".json", stem + ".png", stem + "_curves.png"]
+
+
+# -----------------------------------------------------------------------------
+# The rerun of setting A (issue 21, sections 3-4): exact training states, and what opens the gate
+
+RERUN_ARMS = {      # name: overrides; every arm on the same batches and the same 2,000-step schedule
+    "jacobi D=16 (setting A)": ["config/s5_tiny_t2mlr.py"],
+    "exact": ["config/s5_tiny_t2mlr_exact.py"],
+    "exact, reference init": ["config/s5_tiny_t2mlr_exact.py", "--weight_init=reference", "--embed_scale=False"],
+    "exact, gate lr x10": ["config/s5_tiny_t2mlr_exact.py", "--gate_lr_multiplier=10"],
+    "exact, reference init, gate lr x10": ["config/s5_tiny_t2mlr_exact.py", "--weight_init=reference",
+                                           "--embed_scale=False", "--gate_lr_multiplier=10"],
+}
+RERUN_PROBE, RERUN_FULL = 400, 2000     # every arm to RERUN_PROBE steps; two continue to RERUN_FULL
+RERUN_COMBINED = "exact, reference init, gate lr x10"     # the issue's combination: always continued
+
+
+def rerun(overrides, root="out/s5_rerun", results_path="studies/results/s5_rerun.json",
+          arms=RERUN_ARMS, probe_steps=RERUN_PROBE, full_steps=RERUN_FULL, log=print):
+    """Every arm of `arms` to probe_steps on the schedule of full_steps (lr_decay_iters = full_steps), into
+    root/<arm>; then the exact arm whose |θ_r| is largest at probe_steps (the gate opened furthest) and the
+    combined arm (RERUN_COMBINED: exact states, the reference's initialisation and a 10x gate LR, where it is
+    an arm) continue to full_steps (resumed: the same run as if never stopped). Resumable at every stage (a stopped
+    arm continues, a finished one is reused). Writes results_path: per arm its θ_r and loss curves, its
+    state and code accuracy at the longest training n and at twice it, and setting A's earlier numbers
+    (assets/s5_retrieval.json). Returns that dict."""
+    def out_dir_of(name):
+        return os.path.join(root, re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_"))
+
+    def finished(name):                # the steps of an arm's finished run (0: none), e.g. continued already
+        path = os.path.join(out_dir_of(name), "results.json")
+        if not os.path.exists(path):
+            return 0
+        with open(path) as f:
+            return json.load(f)["steps"]
+
+    def run_arm(name, steps):
+        out_dir = out_dir_of(name)
+        resume = ["--init_from=resume"] if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else []
+        (model_cfg, cfg, s5), _ = load_config(
+            [*arms[name], *overrides, f"--lr_decay_iters={full_steps}", f"--max_iters={steps}",
+             f"--out_dir={out_dir}", *resume], GPTConfig, TrainConfig, S5Config)
+        log(f"{name}: {steps} steps")
+        return train(model_cfg, cfg, s5, log=log)
+
+    results = {name: run_arm(name, max(probe_steps, finished(name))) for name in arms}
+
+    def theta_at_probe(name):
+        return next(row["theta_r"] for row in results[name]["curve"] if row["step"] == probe_steps)
+
+    exact = [name for name in arms if name.startswith("exact")]
+    best = max(exact, key=lambda name: abs(theta_at_probe(name)))
+    continued = list(dict.fromkeys([best] + ([RERUN_COMBINED] if RERUN_COMBINED in arms else [])))
+    for name in continued:
+        results[name] = run_arm(name, full_steps)
+
+    def summary(r):
+        s5 = r["s5_config"]
+        ns = sorted({s5["train_max_n"], min(2 * s5["train_max_n"], s5["test_max_n"])})
+        return {"steps": r["steps"], "train_seconds": r["train_seconds"], "theta_r": r.get("theta_r"),
+                "theta_x": r.get("theta_x"),
+                **{f"{k}@{n}": r["per_n"][str(n)][k] for n in ns for k in ("state_acc", "code_acc", "token_acc")},
+                "theta_r_curve": [[row["step"], row["theta_r"]] for row in r["curve"] if "theta_r" in row],
+                "loss_curve": [[row["step"], row["loss"]] for row in r["curve"] if "loss" in row],
+                "per_n": r["per_n"]}
+
+    earlier = {}
+    if os.path.exists("assets/s5_retrieval.json"):
+        with open("assets/s5_retrieval.json") as f:
+            old = json.load(f)["results"]["T²MLR"]
+        earlier = {"source": "assets/s5_retrieval.json (setting A, Jacobi D = 16, 2,000 steps); θ_r from "
+                             "docs/s5.md", "theta_r": -0.018,
+                   **{f"{k}@{n}": old["per_n"][str(n)][k] for n in (12, 24)
+                      for k in ("state_acc", "code_acc", "token_acc")}}
+    command = " ".join(["python -m studies.s5_retrieval --rerun", *overrides]
+                       + ([f"--out_dir={root}"] if root != "out/s5_rerun" else []))
+    out = {"command": command, "probe_steps": probe_steps, "full_steps": full_steps,
+           "continued": continued,
+           "rule": f"every arm to {probe_steps} steps on the {full_steps}-step schedule; the exact arm with "
+                   f"the largest |θ_r| at {probe_steps} and {RERUN_COMBINED!r} continue to {full_steps}",
+           "arms": {name: {"overrides": arms[name], **summary(r)} for name, r in results.items()},
+           "earlier": earlier}
+    os.makedirs(os.path.dirname(results_path) or ".", exist_ok=True)
+    with open(results_path, "w") as f:
+        json.dump(out, f, indent=1)
+    return out
 
 
 def plot(all_results, path):
@@ -541,12 +645,10 @@ QUICK = [
 def main(argv):
     """Raises ConfigError or RunError."""
     files = [a for a in argv if not a.startswith("--")]
-    if "--compare" in argv or "--quick" in argv:
+    modes = [m for m in ("--compare", "--quick", "--rerun") if m in argv]
+    if modes:
         if files:                       # they bring their own configs: a file would silently override them
-            raise ConfigError(
-                f"{'--compare' if '--compare' in argv else '--quick'} takes --key=value overrides only, "
-                f"not a config file ({files[0]})"
-            )
+            raise ConfigError(f"{modes[0]} takes --key=value overrides only, not a config file ({files[0]})")
     elif not files:
         raise ConfigError("give a config file (e.g. config/s5_tiny_t2mlr.py), --quick or --compare")
     if "--compare" in argv:
@@ -559,6 +661,17 @@ def main(argv):
                 f"n={n}: seq {r['per_n'][str(n)]['seq_acc']:.2f} tok {r['per_n'][str(n)]['token_acc']:.3f}"
                 for n in sorted({int(r['s5_config']['train_max_n']), 2 * int(r['s5_config']['train_max_n'])})
                 if str(n) in r["per_n"]))
+        return
+    if "--rerun" in argv:
+        rest = [a for a in argv if a != "--rerun"]
+        root = next((a.split("=", 1)[1] for a in rest if a.startswith("--out_dir=")), "out/s5_rerun")
+        results_path = ("studies/results/s5_rerun.json" if root == "out/s5_rerun"
+                        else os.path.join(root, "s5_rerun.json"))
+        out = rerun([a for a in rest if not a.startswith("--out_dir=")], root, results_path)
+        print(f"wrote {results_path}")
+        for name, r in out["arms"].items():
+            print(f"{name}: {r['steps']} steps, θ_r {r['theta_r']:+.4f}, "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in r.items() if "@" in k))
         return
     if "--quick" in argv:
         argv = QUICK + [a for a in argv if a != "--quick"]

@@ -40,23 +40,71 @@ class Trainer:
 
 def make_trainer(raw_model, cfg, device, dtype, ckpt_path) -> Trainer:
     """A Trainer for raw_model on `device` with the autocast dtype `dtype`: AdamW (configure_optimizers: weight
-    decay on >= 2-D tensors, for any module, e.g. the S5 study's LSTM), a GradScaler enabled
-    for float16 only. It trains raw_model itself until the caller sets .model (compiled, DDP) and .ddp."""
+    decay on >= 2-D tensors, for any module, e.g. the S5 study's LSTM; the T²MLR gate at cfg.gate_lr_multiplier
+    times the LR), a GradScaler enabled for float16 only. It trains raw_model itself until the caller sets
+    .model (compiled, DDP) and .ddp."""
     device_type = device.split(":")[0]
     optimizer = configure_optimizers(raw_model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
-                                     device_type)
+                                     device_type, getattr(cfg, "gate_lr_multiplier", 1.0))
     return Trainer(cfg=cfg, raw_model=raw_model, model=raw_model, optimizer=optimizer,
                    scaler=torch.amp.GradScaler("cuda", enabled=dtype == torch.float16),
                    autocast=autocast_context(device_type, dtype), device=device, ckpt_path=ckpt_path)
 
 
-def configure_optimizers(model, weight_decay, learning_rate, betas, device_type):
-    """AdamW with weight decay on >= 2-D tensors only (matrices and embeddings; not biases, norms, θ), for any
-    module (a GPT, the S5 study's LSTM); fused on CUDA."""
+def param_groups(model, weight_decay, gate_lr_multiplier=1.0):
+    """The optimizer's parameter groups, each {"params", "weight_decay", "lr_scale"}: weight decay on >= 2-D
+    tensors only (matrices and embeddings; not biases, norms, θ). With gate_lr_multiplier m != 1 and a T²MLR
+    model, the gate's parameters (all of model.gate: W_p, A_r, A_x, b_r, b_x, θ_r, θ_x; the reference's
+    is_boosted_param_name, which boosts its whole mixing module and the recurrent projection) get groups of
+    their own at lr_scale m. At m = 1 there are exactly the two groups of before (decay, no decay), so older
+    checkpoints' optimizer states fit as they are. Empty groups are left out."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    gate = getattr(model, "gate", None) if gate_lr_multiplier != 1.0 else None
+    gate_ids = {id(p) for p in gate.parameters()} if gate is not None else set()
+    groups = []
+    for boosted, scale in ((False, 1.0), (True, gate_lr_multiplier)):
+        for decay in (True, False):
+            chosen = [p for p in params if (id(p) in gate_ids) == boosted and (p.dim() >= 2) == decay]
+            if chosen:
+                groups.append({"params": chosen, "weight_decay": weight_decay if decay else 0.0,
+                               "lr_scale": scale})
+    return groups
+
+
+def configure_optimizers(model, weight_decay, learning_rate, betas, device_type, gate_lr_multiplier=1.0):
+    """AdamW over param_groups(model, weight_decay, gate_lr_multiplier), for any module (a GPT, the S5 study's
+    LSTM); fused on CUDA. Each group starts at learning_rate times its lr_scale; optimizer_step sets
+    get_lr(step) times lr_scale at every step."""
+    groups = param_groups(model, weight_decay, gate_lr_multiplier)
+    for group in groups:
+        group["lr"] = learning_rate * group["lr_scale"]
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+
+def load_optimizer_state(optimizer, saved, model, path):
+    """Load the optimizer state `saved` (a state_dict, read from `path`) into `optimizer`, built by
+    configure_optimizers for `model`, keeping this run's group settings (lr_scale, weight_decay, betas: the
+    configured ones win over the saved ones). A state saved under the other grouping (2 groups at
+    gate_lr_multiplier 1, up to 4 with the gate apart) is regrouped parameter by parameter, so a run resumes
+    with any gate_lr_multiplier. Raises RunError when neither grouping fits the saved one."""
+    current = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    sizes = [len(g["params"]) for g in saved["param_groups"]]
+    if sizes != [len(g["params"]) for g in optimizer.param_groups]:
+        layouts = [param_groups(model, 0.0, m) for m in (1.0, 2.0)]      # without and with the gate apart
+        layout = next((lay for lay in layouts if [len(g["params"]) for g in lay] == sizes), None)
+        if layout is None:
+            raise RunError(f"{path}: its optimizer state has groups of {sizes} parameters, which fit neither "
+                           f"grouping of this model")
+        by_old_index = {i: p for g, lay in zip(saved["param_groups"], layout)
+                        for i, p in zip(g["params"], lay["params"])}
+        new_index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+        saved = {"state": {new_index[id(by_old_index[i])]: s for i, s in saved["state"].items()},
+                 "param_groups": [dict(g, params=[new_index[id(p)] for p in g["params"]])
+                                  for g in optimizer.param_groups]}
+    optimizer.load_state_dict(saved)
+    for group, settings in zip(optimizer.param_groups, current):
+        for key in ("lr_scale", "weight_decay", "betas"):
+            group[key] = settings[key]
 
 
 def get_lr(step, cfg):
@@ -77,11 +125,11 @@ def optimizer_step(t: Trainer, step, grad_accum, micro_loss):
     micro_loss(model, m) giving micro-step m's loss (its batch through `model`, under autocast), then the
     gradients clipped to cfg.grad_clip (0 = not clipped; the norm is returned either way) and the update.
     Returns (the mean loss over micro-steps and ranks, the grad norm) as 0-d tensors on the device, and the
-    LR; reading the tensors syncs the host. Raises RunError, before the update, when the loss is not
+    schedule's LR (the gate's groups run at it times gate_lr_multiplier); reading the tensors syncs the host. Raises RunError, before the update, when the loss is not
     finite."""
     lr = get_lr(step, t.cfg)
-    for group in t.optimizer.param_groups:
-        group["lr"] = lr
+    for group in t.optimizer.param_groups:         # the schedule's LR times each group's scale (the gate's m)
+        group["lr"] = lr * group["lr_scale"]
     loss_sum = torch.zeros((), device=t.device)      # summed on the device: no host sync per micro-step
     for micro in range(grad_accum):
         # DDP arms its gradient all-reduce during the forward pass, so whether this micro-step syncs
@@ -157,7 +205,7 @@ def resume(t: Trainer, ckpt, path, rank=0, world_size=1, data_gen=None):
         load_weights(t.raw_model, ckpt["model"], path)
     else:                                             # another module (the S5 study's LSTM): as saved
         t.raw_model.load_state_dict(ckpt["model"])
-    t.optimizer.load_state_dict(ckpt["optimizer"])
+    load_optimizer_state(t.optimizer, ckpt["optimizer"], t.raw_model, path)
     if "scaler" in ckpt:                              # (the S5 study's older checkpoints have none)
         t.scaler.load_state_dict(ckpt["scaler"])
     if "rng" in ckpt:

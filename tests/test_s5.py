@@ -392,3 +392,46 @@ def test_sample_and_resume_refuse_an_s5_checkpoint_in_one_line(tmp_path):
         assert result.returncode == 1 and lines[-1].endswith(
             "names no tokenizer: it is not a checkpoint of train.py"
         ), result.stderr
+
+
+def test_train_mode_and_gate_lr_multiplier_reach_the_study(tmp_path):
+    """--gate_lr_multiplier=100 moves θ_r a hundred times as far in Adam's first step (lr · sign); with the
+    gate so opened, --train_mode=exact trains on the exact recurrence, another loss than Jacobi at D = 4 < T;
+    the curve logs θ_r; a run is continued only with its own train_mode and gate_lr_multiplier."""
+    from support.runtime import RunError
+    runs = {name: tiny_run("--max_iters=4", f"--out_dir={tmp_path / name}", *extra) for name, extra in (
+        ("exact", ["--train_mode=exact"]), ("boosted", ["--train_mode=exact", "--gate_lr_multiplier=100"]),
+        ("jacobi boosted", ["--gate_lr_multiplier=100"]))}
+    first = {name: r["curve"][0]["theta_r"] for name, r in runs.items()}
+    assert abs(first["exact"]) == pytest.approx(5e-4, rel=1e-3)           # lr at step 0: 1e-3 · 1/2 (warmup)
+    assert first["boosted"] == pytest.approx(100 * first["exact"], rel=1e-3)
+    assert runs["exact"]["theta_r"] == runs["exact"]["curve"][-1]["theta_r"]
+    losses = {name: [row["loss"] for row in r["curve"] if "loss" in row] for name, r in runs.items()}
+    assert losses["boosted"][0] == pytest.approx(losses["jacobi boosted"][0], rel=1e-5)   # θ = 0 at step 0
+    assert abs(losses["boosted"][-1] - losses["jacobi boosted"][-1]) > 1e-4, losses
+    with pytest.raises(RunError, match="other values of train_mode"):
+        tiny_run("--max_iters=6", f"--out_dir={tmp_path / 'boosted'}", "--init_from=resume",
+                 "--gate_lr_multiplier=100")
+    with pytest.raises(RunError, match="other values of gate_lr_multiplier"):
+        tiny_run("--max_iters=4", f"--out_dir={tmp_path / 'exact'}", "--train_mode=exact", "--gate_lr_multiplier=2")
+
+
+def test_rerun_probes_every_arm_and_continues_the_widest_open_gate(tmp_path):
+    """studies.s5_retrieval.rerun: every arm to the probe step on the full schedule, the exact arm with the
+    largest |θ_r| continued to the full step count, θ_r curves and accuracies in the JSON."""
+    from studies.s5_retrieval import rerun
+    small = [a for a in TINY_RUN[1:] if not a.startswith(("--lr_decay_iters", "--eval_interval"))] + ["--eval_interval=2"]
+    arms = {"jacobi": ["config/s5_tiny_t2mlr.py"], "exact": ["config/s5_tiny_t2mlr_exact.py"],
+            "exact, gate lr x10": ["config/s5_tiny_t2mlr_exact.py", "--gate_lr_multiplier=10"]}
+    path = tmp_path / "rerun.json"
+    out = rerun(small, str(tmp_path / "runs"), str(path), arms=arms, probe_steps=2, full_steps=4, log=lambda *_: None)
+    assert json.loads(path.read_text()) == out
+    assert out["continued"] == ["exact, gate lr x10"]            # m = 10: θ_r's steps are 10x as long
+    steps = {name: r["steps"] for name, r in out["arms"].items()}
+    assert steps == {"jacobi": 2, "exact": 2, "exact, gate lr x10": 4}
+    arm = out["arms"]["exact, gate lr x10"]
+    assert [s for s, _ in arm["theta_r_curve"]] == [1, 2, 3, 4] and arm["theta_r"] == arm["theta_r_curve"][-1][1]
+    assert {"state_acc@3", "code_acc@3"} <= arm.keys() and out["earlier"]["theta_r"] == -0.018
+    again = rerun(small, str(tmp_path / "runs"), str(path), arms=arms, probe_steps=2, full_steps=4,
+                  log=lambda *_: None)                  # finished arms reused, the continued one as it is
+    assert again == out

@@ -549,3 +549,54 @@ def test_sample_config_validates():
     assert SampleConfig().top_k == 200
     with pytest.raises(ValueError, match="top_k = 0"):
         SampleConfig(top_k=0)
+
+
+def test_train_mode_is_checked_and_reaches_the_model(tmp_path):
+    """train_mode 'exact' trains T²MLR token by token: the middle layers run once per token (T = 32 passes
+    logged per micro-step) where Jacobi runs D = 2 sweeps, and the runs differ once the gate has moved;
+    another value is one error line. A model without T²MLR ignores it (as val_mode)."""
+    with pytest.raises(ConfigError, match="train_mode 'tbptt' is not one of 'jacobi', 'exact'"):
+        load("--train_mode=tbptt")
+    with pytest.raises(ConfigError, match=r"gate_lr_multiplier = 0.0 must be > 0"):
+        load("--gate_lr_multiplier=0")
+    write_dataset(tmp_path / "data" / "fox")
+    args = [*TINY, "--dataset=fox", "--t2mlr=True", "--l_start=0", "--l_end=0", "--jacobi_sweeps=2",
+            "--jacobi_grad_sweeps=1", "--max_iters=4", "--eval_interval=4"]
+    runs = {mode: run("train.py", *args, f"--train_mode={mode}", f"--out_dir={mode}", cwd=tmp_path)
+            for mode in ("exact", "jacobi")}
+    rows = {}
+    for mode, result in runs.items():
+        assert result.returncode == 0, result.stderr
+        rows[mode] = [r for r in read_log(tmp_path / mode) if "loss" in r]
+        assert read_log(tmp_path / mode)[0]["train_config"]["train_mode"] == mode
+    assert [r["jacobi_passes"] for r in rows["exact"]] == [32] * 4 and "token passes 32.00" in runs["exact"].stdout
+    assert [r["jacobi_passes"] for r in rows["jacobi"]] == [2] * 4 and "Jacobi passes 2.00" in runs["jacobi"].stdout
+    assert rows["exact"][0]["loss"] == pytest.approx(rows["jacobi"][0]["loss"], rel=1e-5)   # θ = 0: the same
+    assert abs(rows["exact"][-1]["loss"] - rows["jacobi"][-1]["loss"]) > 1e-5
+    # exact training's FLOPs: the middle layer once per token (as D = 1), fewer than Jacobi's D = 2
+    assert rows["exact"][0]["flops"] / rows["exact"][0]["tok_s"] < rows["jacobi"][0]["flops"] / rows["jacobi"][0]["tok_s"]
+    plain = run("train.py", *TINY, "--dataset=fox", "--max_iters=1", "--train_mode=exact", "--out_dir=plain",
+                cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+
+
+def test_gate_lr_multiplier_reaches_the_optimizer_and_a_checkpoint_resumes_under_another(tmp_path):
+    """train.py --gate_lr_multiplier=10: θ_r's first Adam step is 10x lr; the run's 2-group checkpoint of
+    gate_lr_multiplier 1 resumes with 10 (the optimizer state regrouped), and the 4-group one back with 1."""
+    write_dataset(tmp_path / "data" / "fox")
+    args = [*TINY, "--dataset=fox", "--t2mlr=True", "--l_start=0", "--l_end=0", "--jacobi_sweeps=2",
+            "--jacobi_grad_sweeps=1", "--eval_interval=1", "--grad_clip=0"]
+    for m in (1, 10):
+        result = run("train.py", *args, "--max_iters=1", f"--gate_lr_multiplier={m}", f"--out_dir=m{m}",
+                     cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        ckpt = load_checkpoint(str(tmp_path / f"m{m}" / "ckpt.pt"))
+        assert abs(ckpt["model"]["gate.theta_r"].item()) == pytest.approx(m * 1e-2, rel=1e-4)
+        assert len(ckpt["optimizer"]["param_groups"]) == (2 if m == 1 else 4)
+    for m, other in ((1, 10), (10, 1)):
+        result = run("train.py", "--init_from=resume", f"--out_dir=m{m}", "--max_iters=2",
+                     f"--gate_lr_multiplier={other}", "--progress=False", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        ckpt = load_checkpoint(str(tmp_path / f"m{m}" / "ckpt.pt"))
+        assert ckpt["train_config"]["gate_lr_multiplier"] == other
+        assert len(ckpt["optimizer"]["param_groups"]) == (2 if other == 1 else 4)
