@@ -93,7 +93,50 @@ def state_probe(model, idx, targets, reset_at=None, batch_size=8, accuracy=False
     return result
 
 
+@torch.no_grad()
+def word_problem_probe(groups=("Z2", "S3"), seeds=(0, 1, 2), root="out/word_problem", reset_at=32,
+                       examples=512):
+    """The ablations on the word-problem study's T²MLR models (studies/word_problem.py, their checkpoints in
+    `root`): accuracy of the running product at every position of its fixed test set (n = 64), per seed.
+    Returns {group: {"seeds": [...], "ablations": {name: {"accuracy": [per seed], "accuracy_by_position":
+    [per seed] [64]}}}}."""
+    from studies import word_problem as wp
+    from support.checkpoints import load_checkpoint, load_weights
+    out = {}
+    for group in groups:
+        table, rows = wp.multiplication_table(group), {}
+        for seed in seeds:
+            path = os.path.join(root, f"main_{group}_t2mlr_s{seed}", "ckpt.pt")
+            ckpt = load_checkpoint(path)
+            spec = json.loads(ckpt["spec"])
+            model = wp.build(spec["model"])
+            load_weights(model, ckpt["model"], path)
+            model.eval()
+            words, states = wp.make_batch(table, examples, spec["test_n"], wp.TEST_SEED)
+            for name, resets in ablations(spec["test_n"], reset_at).items():
+                hits = torch.cat([(ablated_logits(model, words[i:i + 256], resets).argmax(-1) == states[i:i + 256])
+                                  .float() for i in range(0, examples, 256)])
+                row = rows.setdefault(name, {"accuracy": [], "accuracy_by_position": []})
+                row["accuracy"].append(hits.mean().item())
+                row["accuracy_by_position"].append(hits.mean(0).tolist())
+        out[group] = {"seeds": list(seeds), "reset_at": reset_at, "ablations": rows}
+    return out
+
+
 def main(argv=None):
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--word_problem"]:      # the study's models: python -m studies.state_probe --word_problem
+        result = word_problem_probe()
+        out = "studies/results/state_probe_word_problem.json"
+        with open(out, "w") as f:
+            json.dump({"command": "python -m studies.state_probe --word_problem"} | result, f, indent=1)
+        for group, g in result.items():
+            for name, row in g["ablations"].items():
+                acc = sum(row["accuracy"]) / len(row["accuracy"])
+                print(f"{group} {name:16s} accuracy over positions 1..64: {acc:.4f} (mean of {len(g['seeds'])} seeds)")
+        print(f"wrote {out}")
+        return result
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
     p.add_argument("checkpoint", help="a train.py ckpt.pt of a T²MLR model")
     p.add_argument("--num_seqs", type=int, default=16, help="validation windows; default 16")

@@ -1,0 +1,202 @@
+"""
+Tests of studies/word_problem.py: the groups (sizes, A5 = the even permutations, the identity, inverse and
+associative laws of the multiplication table), every running product against an independent composition of
+the permutations as functions, the batches (the same for every arm, reproducible by step), the parameter
+matching of the three arms, the t interval, exact T²MLR training against Jacobi D >= T (same loss and
+gradients), a run stopped and resumed against an uninterrupted one, and the --quick study end to end
+(figures, JSON, and a relaunch that retrains nothing).
+
+Run: python -m pytest -q tests/test_word_problem.py
+"""
+
+import itertools
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from scipy import stats
+
+from model import GPT, GPTConfig
+from studies import word_problem as wp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cycle_parity(p):
+    """Parity from the cycle decomposition, (points - cycles) mod 2: independent of the inversion count."""
+    seen, cycles = set(), 0
+    for i in range(len(p)):
+        if i not in seen:
+            cycles += 1
+            while i not in seen:
+                seen.add(i)
+                i = p[i]
+    return (len(p) - cycles) % 2
+
+
+def product_as_functions(word):
+    """s = a_1 · … · a_t as the function i -> a_1(a_2(… a_t(i))): each point pushed through the word from the
+    right. Independent of wp.compose and the multiplication table."""
+    k = len(word[0])
+    out = []
+    for i in range(k):
+        v = i
+        for a in reversed(word):
+            v = a[v]
+        out.append(v)
+    return tuple(out)
+
+
+def test_group_sizes_and_a5_is_the_even_permutations():
+    assert {g: len(wp.group_elements(g)) for g in wp.GROUPS} == {"Z2": 2, "S3": 6, "A5": 60, "S5": 120}
+    s5 = set(itertools.permutations(range(5)))
+    assert set(wp.group_elements("S5")) == s5
+    assert set(wp.group_elements("A5")) == {p for p in s5 if cycle_parity(p) == 0}
+    assert set(wp.group_elements("S3")) == set(itertools.permutations(range(3)))
+    for g in wp.GROUPS:                                        # identity first: token id 0
+        assert wp.group_elements(g)[0] == tuple(range(wp.GROUP_DEGREE[g]))
+
+
+@pytest.mark.parametrize("group", wp.GROUPS)
+def test_multiplication_table_is_a_group(group):
+    table = wp.multiplication_table(group)
+    n = len(wp.group_elements(group))
+    ids = torch.arange(n)
+    assert torch.equal(table[0], ids) and torch.equal(table[:, 0], ids)          # identity law
+    for g in range(n):                                                            # inverse law
+        right = (table[g] == 0).nonzero().flatten()
+        assert len(right) == 1 and table[right[0], g] == 0
+    assert all(sorted(row.tolist()) == list(range(n)) for row in table)           # a Latin square
+    rng = random.Random(0)
+    for _ in range(2000):                                                         # associativity
+        a, b, c = (rng.randrange(n) for _ in range(3))
+        assert table[table[a, b], c] == table[a, table[b, c]]
+
+
+@pytest.mark.parametrize("group", wp.GROUPS)
+def test_every_running_product_against_composition_of_permutations(group):
+    elements = wp.group_elements(group)
+    words, states = wp.make_batch(wp.multiplication_table(group), 24, 40, seed=3)
+    for w, s in zip(words.tolist(), states.tolist()):
+        perms = [elements[i] for i in w]
+        for t in range(1, len(w) + 1):
+            assert elements[s[t - 1]] == product_as_functions(perms[:t])
+
+
+def test_z2_is_parity_and_the_convention_is_right_factor_first():
+    words, states = wp.make_batch(wp.multiplication_table("Z2"), 16, 30, seed=1)
+    assert torch.equal(states, words.cumsum(1) % 2)
+    # (p · q)(i) = p(q(i)): in S3, p = (0 1) transposition, q = the 3-cycle 0 -> 1 -> 2 -> 0
+    p, q = (1, 0, 2), (1, 2, 0)
+    assert wp.compose(p, q) == (0, 2, 1) and wp.compose(q, p) == (2, 1, 0)
+
+
+def test_batches_are_seeded_by_group_seed_and_step_alone():
+    table = wp.multiplication_table("S3")
+    a = wp.make_batch(table, 8, 16, wp.batch_seed("S3", 0, 5))
+    b = wp.make_batch(table, 8, 16, wp.batch_seed("S3", 0, 5))
+    c = wp.make_batch(table, 8, 16, wp.batch_seed("S3", 0, 6))
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and not torch.equal(a[0], c[0])
+    assert len({wp.batch_seed(g, s, t) for g in wp.GROUPS for s in range(3) for t in range(100)}) == 1200
+
+
+@pytest.mark.parametrize("size", ["FULL", "GPU"])
+@pytest.mark.parametrize("group", wp.GROUPS)
+def test_arms_are_parameter_matched_within_5_percent(group, size):
+    arms = wp.matched_arms(getattr(wp, size), group)
+    counts = {arm: wp.count_params(wp.build(spec)) for arm, spec in arms.items()}
+    target = counts["t2mlr"]
+    assert all(abs(c - target) / target < 0.05 for c in counts.values()), counts
+    assert arms["t2mlr"]["config"]["rope_pct"] == 0.0 and arms["transformer"]["config"]["rope_pct"] == 0.0
+
+
+def test_t_interval_is_the_student_t_interval():
+    mean, lo, hi = wp.t_interval([0.5, 0.6, 0.7])
+    half = stats.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)
+    assert math.isclose(mean, 0.6) and math.isclose(lo, 0.6 - half) and math.isclose(hi, 0.6 + half)
+    assert wp.t_interval([0.3]) == (0.3, 0.3, 0.3)
+
+
+def test_exact_training_equals_jacobi_with_d_at_least_t():
+    """The T²MLR arm trains with mode="exact"; Jacobi with D = T sweeps and gradient through all of them
+    (b = D - 1) computes the same loss and gradients, so the cheaper one may train (the JSON's timing)."""
+    size = dict(wp.QUICK, n_embd=32, mlp_hidden=64)
+    fields = wp.gpt_config(size, "S3", **wp.t2mlr_fields("mesh")) | {"jacobi_sweeps": 8, "jacobi_grad_sweeps": 7}
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**fields)).double().train()
+    with torch.no_grad():                        # open the gate, so that the state matters
+        model.gate.theta_r.fill_(0.8)
+        model.gate.theta_x.fill_(0.3)
+    x, y = wp.make_batch(wp.multiplication_table("S3"), 4, 8, seed=0)
+    grads = {}
+    for mode in ("exact", "jacobi"):
+        model.zero_grad()
+        loss = wp.step_loss(model, x, y, mode)
+        loss.backward()
+        grads[mode] = (loss.item(), [p.grad.clone() for p in model.parameters()])
+    assert math.isclose(grads["exact"][0], grads["jacobi"][0], rel_tol=1e-10)
+    for a, b in zip(grads["exact"][1], grads["jacobi"][1]):
+        assert torch.allclose(a, b, atol=1e-10, rtol=1e-8)
+    # with fewer sweeps than positions the Jacobi loss is not the exact one
+    model.cfg.jacobi_sweeps, model.cfg.jacobi_grad_sweeps = 3, 2
+    assert not math.isclose(wp.step_loss(model, x, y, "jacobi").item(), grads["exact"][0], rel_tol=1e-6)
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_result(tmp_path):
+    size = dict(wp.QUICK, eval_interval=3)
+    spec = wp.spec_of(size, "main", "S3", "t2mlr", 0, wp.matched_arms(size, "S3")["t2mlr"], 1e-3, "exact", steps=6)
+    whole = wp.run_one(spec, wp.study_paths(str(tmp_path / "whole")), log=lambda *_: None)
+
+    def stop_at_6(message):
+        if "step 6:" in message:
+            raise KeyboardInterrupt
+    paths = wp.study_paths(str(tmp_path / "stopped"))
+    with pytest.raises(KeyboardInterrupt):
+        wp.run_one(spec, paths, log=stop_at_6)
+    assert not os.path.exists(os.path.join(paths["runs"], spec["name"] + ".json"))
+    lines = []
+    resumed = wp.run_one(spec, paths, log=lines.append)
+    assert "steps 3..6" in lines[0]
+    assert resumed["acc_by_position"] == whole["acc_by_position"]
+    assert math.isclose(resumed["final_loss"], whole["final_loss"], rel_tol=1e-6)
+    assert wp.run_one(spec, paths, log=lambda m: pytest.fail(m))["params"] == whole["params"]   # finished: skipped
+    other = dict(spec, train=dict(spec["train"], learning_rate=2e-3))
+    with pytest.raises(wp.RunError):
+        wp.run_one(other | {"name": spec["name"]}, paths)
+
+
+def test_unknown_arguments_are_refused():
+    for argv in (["--steps=3"], ["--quick", "--gpu"]):
+        with pytest.raises(wp.RunError):
+            wp.main(argv)
+
+
+def test_quick_study_runs_end_to_end_and_a_relaunch_trains_nothing(tmp_path):
+    cmd = [sys.executable, "-m", "studies.word_problem", "--quick", f"--root={tmp_path}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    doc = json.loads((tmp_path / "word_problem.json").read_text())
+    assert doc["command"] == f"OMP_NUM_THREADS=1 python -m studies.word_problem --quick --root={tmp_path}"
+    assert doc["timing"]["chosen_train_mode"] in ("exact", "jacobi")
+    assert set(doc["timing"]["seconds_per_step"]) == {"exact", "jacobi_D16_b15", "jacobi_D16_b4"}
+    assert set(doc["pilot"]["chosen"]) == set(wp.ARMS)
+    for arm in wp.ARMS:
+        r = doc["results"]["S3"][arm]
+        assert len(r["mean"]) == 64 and len(r["seeds"]) == 2
+        assert all(lo <= m + 1e-12 and m <= hi + 1e-12 for lo, m, hi in zip(r["lo"], r["mean"], r["hi"]))
+    assert set(doc["depth"]["S3"]) == set(wp.DEPTH_ORDER)
+    assert all(len(r["mean"]) == 16 for r in doc["depth"]["S3"].values())
+    for name in ("word_problem_S3.png", "word_problem_depth_vs_time.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.json")}
+    second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "parameters, steps" not in second.stdout                     # nothing trained again
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.json")} == stamps
