@@ -1,5 +1,5 @@
 # S5-Retrieval baseline at the paper's settings: an LSTM (nn.LSTM, tied embeddings), T²MLR's schedule.
-# Run: python s5_retrieval.py config/s5_lstm.py
+# Run: python -m studies.s5_retrieval config/s5_lstm.py
 
 # model: 4 LSTM layers of width 682 = 15,034,008 parameters, within 0.1% of config/s5_t2mlr.py's 15,043,202
 # (s5_retrieval.lstm_hidden_for). The reference's sweep used width 360 (4.23M parameters, not matched).

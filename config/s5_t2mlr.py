@@ -1,5 +1,5 @@
 # S5-Retrieval, the T²MLR paper's settings (§3.1; the reference's train_s5_retrieval.sh): a GPU run.
-# Run: python s5_retrieval.py config/s5_t2mlr.py   (baselines: config/s5_transformer.py, config/s5_lstm.py)
+# Run: python -m studies.s5_retrieval config/s5_t2mlr.py   (baselines: config/s5_transformer.py, config/s5_lstm.py)
 
 # model: a 6-layer LLaMA-style transformer, H 384, no positional encoding, layers 1..4 recurrent in time
 flavour = "llama"

@@ -1,6 +1,6 @@
 # S5-Retrieval at laptop scale (CPU): the paper's T²MLR model shrunk. Compared with the same transformer
 # without recurrence (s5_tiny_transformer.py) and a parameter-matched LSTM (s5_tiny_lstm.py) by
-#      python s5_retrieval.py --compare
+#      python -m studies.s5_retrieval --compare
 # 4 layers put the transformer's depth bound at 2^4 = 16 actions: between the longest training length
 # (12) and the longest test length (24).
 

@@ -1,5 +1,5 @@
 # S5-Retrieval at laptop scale (CPU), baseline: the model of s5_tiny_t2mlr.py without recurrence.
-# One of the three models of `python s5_retrieval.py --compare` (with s5_tiny_t2mlr.py and s5_tiny_lstm.py).
+# One of the three models of `python -m studies.s5_retrieval --compare` (with s5_tiny_t2mlr.py and s5_tiny_lstm.py).
 # 4 layers put the transformer's depth bound at 2^4 = 16 actions: between the longest training length
 # (12) and the longest test length (24).
 

@@ -1,6 +1,6 @@
 # S5-Retrieval baseline at the paper's settings: the same NoPE transformer with T²MLR off
 # (the reference sweep's "t2mlr_off" run).
-# Run: python s5_retrieval.py config/s5_transformer.py
+# Run: python -m studies.s5_retrieval config/s5_transformer.py
 
 # model: a 6-layer LLaMA-style transformer, H 384, no positional encoding, no recurrence
 flavour = "llama"
