@@ -692,34 +692,35 @@ if __name__ == "__main__":
 # -----------------------------------------------------------------------------
 # How fast the gate opens: θ_r against steps for both initialisations and gate LR multipliers
 
+@dataclass
+class ThetaConfig(RunConfig):
+    """RunConfig plus the gate's learning-rate multiplier (support/loop.make_trainer reads it)."""
+    gate_lr_multiplier: float = 1.0
+
+
 def theta_trajectories(group="S3", steps=300, lr=3e-3, seed=100, every=25, log=print):
     """T²MLR on `group` (the study's FULL size, exact training, the chosen lr; seed 100 is the pilot's, not a
-    test seed) trained `steps` steps in four settings: init ours / the reference's, gate_lr_multiplier 1 / 10.
-    Returns {setting: {"step": [...], "theta_r": [...], "accuracy": in-distribution accuracy at the end}}.
-    The same batches for every setting (batch_seed)."""
-    from support.loop import configure_optimizers, get_lr
+    test seed) trained `steps` steps in four settings: init ours / the reference's, gate_lr_multiplier 1 / 10,
+    through support/loop.py's optimizer step. Returns {setting: {"step": [...], "theta_r": [...], "accuracy":
+    in-distribution accuracy at the end}}. The same batches for every setting (batch_seed); no checkpoints."""
     table, out = multiplication_table(group), {}
     for init in ("mesh", "reference"):
         for m in (1.0, 10.0):
             torch.manual_seed(seed)
             model = build(matched_arms(FULL, group, init_t2mlr=init)["t2mlr"]).train()
-            cfg = RunConfig(max_iters=steps, learning_rate=lr, min_lr=lr / 100, warmup_iters=max(1, steps // 20))
-            opt = configure_optimizers(model, cfg.weight_decay, lr, (cfg.beta1, cfg.beta2), "cpu", m)
+            cfg = ThetaConfig(max_iters=steps, learning_rate=lr, min_lr=lr / 100, warmup_iters=max(1, steps // 20),
+                              gate_lr_multiplier=m)
+            trainer = make_trainer(model, cfg, "cpu", torch.float32, ckpt_path="(not saved)")
             row = {"step": [], "theta_r": []}
             for step in range(steps):
-                for g in opt.param_groups:
-                    g["lr"] = get_lr(step, cfg) * g["lr_scale"]
                 x, y = make_batch(table, FULL["batch_size"], FULL["train_n"], batch_seed(group, seed, step))
-                step_loss(model, x, y, "exact").backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                optimizer_step(trainer, step, 1, lambda model, micro: step_loss(model, x, y, "exact"))
                 if step % every == 0 or step == steps - 1:
                     row["step"].append(step)
                     row["theta_r"].append(model.gate.theta_r.item())
             acc = accuracy_by_position(model, table, FULL["train_n"], 128, PROBE_SEED)
             row["accuracy"] = sum(acc) / len(acc)
             out[f"init {init}, gate lr x{m:g}"] = row
-            log(f"{group} init {init}, gate lr x{m:g}: θ_r {row['theta_r'][::4]} ... {row['theta_r'][-1]:.3f}, "
+            log(f"{group} init {init}, gate lr x{m:g}: θ_r {row['theta_r'][-1]:.3f} at step {steps - 1}, "
                 f"in-distribution accuracy {row['accuracy']:.3f}")
     return out
