@@ -1,0 +1,236 @@
+"""
+Every variant through EleutherAI's lm-evaluation-harness (lm_eval 0.4; `pip install -r requirements-eval.txt`):
+a model class registered as "nanomesh", so the harness's own tasks, prompts and metrics score our GPT.
+
+    python -m support.harness --model nanomesh --model_args checkpoint=out/mesh_160m/ckpt.pt \\
+        --tasks hellaswag,piqa --batch_size 16                  # needs the network (the tasks' datasets)
+    python -m support.harness --model nanomesh --model_args checkpoint=hf:EleutherAI/pythia-160m,mode=exact ...
+
+`python -m support.harness` is lm_eval's own command line with this model registered first: lm_eval 0.4 finds
+only the models it ships, or those imported before its command line runs. In Python, pass
+`NanoLM(checkpoint=...)` (or `NanoLM(pretrained=model, tokenizer=tok)`) to lm_eval.simple_evaluate.
+
+How a request becomes a forward pass:
+- The tokenizer is the one the checkpoint recorded (GPT-2, byte, or a released model's own); the EOT token is
+  the prefix of an empty context, as lm_eval's Hugging Face model uses its EOS.
+- A context longer than block_size is truncated on the left (lm_eval's rule: the last block_size + 1 tokens of
+  context + continuation, minus the last, are the input).
+- Requests are sorted by length (longest first) and batched, padded on the RIGHT. Attention is causal and T²MLR's
+  state flows forward in time, so a pad changes no real token: every variant's log-likelihoods equal those of the
+  same requests one at a time (tests/test_harness.py). T²MLR marks pads as control 0, so they neither read nor
+  merge the state; every real token is recurrent (c = 2), as train.py trains.
+- Every batch starts from R_{-1} = 0 and fresh caches: no state carries from one request into the next.
+- T²MLR runs in exact mode by default, token by token through the middle layers, which is the model; `mode=jacobi`
+  (the config's D sweeps, as it trains) or `mode=converged` (sweeps until the state moves less than `tol`) are
+  there to compare. Stopping rules that look at the whole batch (converged with tol > 0, jacobi_tol > 0) would
+  make a request's score depend on its batch, so those run one request at a time.
+"""
+
+import os
+import sys
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm import tqdm
+
+from prepare_data import get_tokenizer
+from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
+
+MODES = ("exact", "jacobi", "converged")
+
+
+def load(checkpoint: str, device: str):
+    """(model in eval mode on device, tokenizer) for `checkpoint`: a train.py ckpt.pt (or the out_dir holding
+    it), read with the tokenizer it recorded, or "hf:<hub id or folder>", a released Pythia / SmolLM2 with its
+    own tokenizer. Raises RunError (a bad checkpoint) or ValueError / DataError (a bad hf: source)."""
+    from support.checkpoints import load_model
+    if checkpoint.startswith("hf:"):
+        from model import GPT
+        return GPT.from_pretrained(checkpoint[3:]).to(device).eval(), get_tokenizer(checkpoint)
+    path = os.path.join(checkpoint, "ckpt.pt") if os.path.isdir(checkpoint) else checkpoint
+    model, ckpt = load_model(path, device)
+    if "tokenizer" not in ckpt:           # e.g. an S5 study run, which has its own vocabulary
+        raise RunError(f"{path} names no tokenizer: it is not a checkpoint of train.py")
+    return model, get_tokenizer(ckpt["tokenizer"])
+
+
+@register_model("nanomesh")
+class NanoLM(TemplateLM):
+    """lm_eval's three request types for one GPT of model.py. Give `checkpoint` (see load), or `pretrained` (a
+    GPT) and `tokenizer` (prepare_data.get_tokenizer's kind). mode: T²MLR's forward mode (MODES); tol: its
+    converged-mode tolerance; batch_size: requests per forward pass; device 'auto' | 'cpu' | 'cuda' ...;
+    dtype 'auto' (bf16 autocast on CUDA, else fp32), 'float32', 'bfloat16' or 'float64' (the model cast).
+    Raises ValueError naming a bad argument."""
+
+    def __init__(self, checkpoint=None, pretrained=None, tokenizer=None, mode="exact", tol=0.0, batch_size=1,
+                 device="auto", dtype="auto", max_batch_size=None, **unused):
+        super().__init__()
+        if unused:          # lm_eval passes its own options (e.g. trust_remote_code) to every model
+            print(f"nanomesh: ignoring model arguments {sorted(unused)}", file=sys.stderr)
+        if (checkpoint is None) == (pretrained is None):
+            raise ValueError("give checkpoint=<ckpt.pt, out_dir or hf:...> or pretrained=<a GPT>, not both")
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not one of {', '.join(map(repr, MODES))}")
+        self.mode, self.tol = mode, float(tol)
+        if not 0 <= self.tol < 1:
+            raise ValueError(f"tol {tol!r} is not in [0, 1)")
+        if str(batch_size) == "auto" or not str(batch_size).isdigit() or int(batch_size) < 1:
+            raise ValueError(f"batch_size {batch_size!r} is not an integer >= 1 ('auto' is not supported)")
+        self.batch_size = int(batch_size)
+        self._device = torch.device(resolve_device(device))
+        if self._device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} (lm_eval's default is cuda:0) but CUDA is not available: "
+                             f"pass --device cpu")
+        if pretrained is None:
+            pretrained, tokenizer = load(checkpoint, self._device.type)
+        elif tokenizer is None:
+            raise ValueError("pretrained=<a GPT> needs tokenizer=<prepare_data.get_tokenizer(...)>")
+        self.model, self.tok = pretrained.to(self._device).eval(), tokenizer
+        if dtype == "float64":
+            self.model, self.autocast_dtype = self.model.double(), None
+        else:
+            self.autocast_dtype = resolve_dtype(dtype, self._device.type)
+        cfg = self.model.cfg
+        self.t2mlr, self.max_length = cfg.t2mlr, cfg.block_size
+        stops_on_batch = (mode == "converged" and self.tol > 0) or (mode == "jacobi" and cfg.jacobi_tol > 0)
+        if cfg.t2mlr and stops_on_batch:    # a stopping rule over the batch: one request at a time
+            self.batch_size = 1
+
+    def autocast(self):
+        """The forward pass's mixed-precision context (none for a float64 model)."""
+        return nullcontext() if self.autocast_dtype is None else autocast_context(self._device.type,
+                                                                                  self.autocast_dtype)
+
+    @property
+    def eot_token_id(self):
+        return self.tok.eot
+
+    def tok_encode(self, string, add_special_tokens=None, **kwargs):
+        return self.tok.encode(string)
+
+    def get_model_info(self):
+        return {"model": "nanomesh", "n_params": sum(p.numel() for p in self.model.parameters()),
+                "mode": self.mode if self.t2mlr else None}
+
+    # ---- scoring ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def logits(self, inputs):
+        """Log-probabilities (B, T, V) in float32 at least, for a batch of token lists (each 1..block_size
+        long), padded on the right; rows beyond a list's length are padding and meaningless."""
+        T = max(map(len, inputs))
+        idx = torch.full((len(inputs), T), self.tok.eot, dtype=torch.long)
+        control = torch.zeros(len(inputs), T, dtype=torch.long)       # T²MLR: 0 = pad, 2 = recurrent
+        for row, ids in enumerate(inputs):
+            idx[row, :len(ids)] = torch.tensor(ids)
+            control[row, :len(ids)] = 2
+        idx, control = idx.to(self._device), control.to(self._device)
+        with self.autocast():
+            if self.t2mlr:
+                logits, _ = self.model(idx, mode=self.mode, control=control, tol=self.tol)
+            else:
+                logits, _ = self.model(idx)
+        return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
+        """[(key, context ids, continuation ids)] -> [(summed log-probability of the continuation, whether it
+        is the greedy continuation)], in the requests' order. ValueError for a continuation longer than
+        block_size (nothing could condition its first token)."""
+        for _, context, continuation in requests:
+            if len(continuation) > self.max_length:
+                raise ValueError(f"a continuation of {len(continuation)} tokens exceeds block_size "
+                                 f"{self.max_length}")
+        order = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
+        results = []
+        with tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="nanomesh scoring") as bar:
+            for batch in order.get_batched(n=self.batch_size):
+                # the input: the last block_size + 1 tokens of context + continuation, without the last
+                inputs = [(context + continuation)[-(self.max_length + 1):][:-1] for _, context, continuation in batch]
+                logprobs = self.logits(inputs)
+                for row, (key, _, continuation) in enumerate(batch):
+                    n = len(inputs[row])
+                    lp = logprobs[row, n - len(continuation):n]                  # (n_cont, V)
+                    target = torch.tensor(continuation, device=lp.device)
+                    answer = (float(lp.gather(-1, target[:, None]).sum()), bool((lp.argmax(-1) == target).all()))
+                    results.append(answer)
+                    self.cache_hook.add_partial("loglikelihood", key, answer)
+                    bar.update(1)
+        return order.get_original(results)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        """The log-likelihood of each whole document, scored in lm_eval's rolling windows of block_size tokens
+        (every token predicted once; the first conditioned on the EOT), windows of all documents batched."""
+        windows, owner = [], []
+        for i, (text,) in enumerate(req.args for req in requests):
+            for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
+                    self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
+                    context_len=1)):
+                windows.append(((text,), context, continuation))
+                owner.append(i)
+        scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
+        totals = [0.0] * len(requests)
+        for i, (logprob, _) in zip(owner, scores):
+            totals[i] += logprob
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
+
+    # ---- generation ------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def greedy(self, context, max_gen_toks, until):
+        """Greedy continuation ids of the token list `context` (at most block_size - max_gen_toks long): one
+        prompt pass that fills a fresh KV cache (T²MLR: exact, or converged in mode 'converged'), then one
+        token per step through the cache; stops after max_gen_toks tokens or once the decoded text holds one
+        of the strings `until`."""
+        cache = self.model.new_cache()
+        idx = torch.tensor([context], device=self._device)
+        prefill = "converged" if self.mode == "converged" else "exact"
+        out = []
+        with self.autocast():
+            kw = dict(mode=prefill, control=torch.full_like(idx, 2), tol=self.tol) if self.t2mlr else {}
+            logits, _ = self.model(idx, cache=cache, **kw)
+            while len(out) < max_gen_toks:
+                token = logits[:, -1].argmax(-1, keepdim=True)               # (1, 1)
+                out.append(int(token))
+                if any(stop in self.decode(out) for stop in until) or len(out) == max_gen_toks:
+                    break
+                kw = dict(mode="exact", control=torch.full_like(token, 2)) if self.t2mlr else {}
+                logits, _ = self.model(token, cache=cache, **kw)
+        return out
+
+    def decode(self, ids):
+        """Text of ids, without the padding rows of the embedding (ids >= the tokenizer's vocabulary)."""
+        return self.tok.decode([i for i in ids if i < self.tok.vocab_size])
+
+    def generate_until(self, requests, disable_tqdm=False):
+        """Greedy text for each (context, gen_kwargs) request, cut at the first stop string (gen_kwargs
+        'until', plus the EOT's text) and at most max_gen_toks tokens (default 256); the context keeps its
+        last block_size - max_gen_toks tokens. ValueError for do_sample=True (greedy only) or a max_gen_toks
+        that leaves no room for a context."""
+        results = []
+        for context, gen_kwargs in tqdm([req.args for req in requests], disable=disable_tqdm or self.rank != 0,
+                                        desc="nanomesh generating"):
+            kwargs = normalize_gen_kwargs(dict(gen_kwargs), 256)
+            if kwargs.get("do_sample"):
+                raise ValueError("do_sample=True: nanomesh generates greedily only (do_sample=False)")
+            until = handle_stop_sequences(kwargs.pop("until", None), eos=self.tok.decode([self.eot_token_id]))
+            max_gen_toks = kwargs.pop("max_gen_toks")
+            if not 0 < max_gen_toks < self.max_length:
+                raise ValueError(f"max_gen_toks {max_gen_toks} leaves no room for a context in block_size "
+                                 f"{self.max_length}")
+            ids = (self.tok_encode(context) or [self.eot_token_id])[-(self.max_length - max_gen_toks):]
+            text = postprocess_generated_text(self.decode(self.greedy(ids, max_gen_toks, until)), until, None)
+            results.append(text)
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+        return results
+
+
+if __name__ == "__main__":      # lm_eval's command line, with "nanomesh" registered
+    from lm_eval.__main__ import cli_evaluate
+    cli_evaluate()
