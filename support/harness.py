@@ -44,16 +44,16 @@ from support.runtime import RunError, autocast_context, resolve_device, resolve_
 MODES = ("exact", "jacobi", "converged")
 
 
-def load(checkpoint: str, device: str):
-    """(model in eval mode on device, tokenizer) for `checkpoint`: a train.py ckpt.pt (or the out_dir holding
+def load(checkpoint: str):
+    """(model in eval mode on the CPU, tokenizer) for `checkpoint`: a train.py ckpt.pt (or the out_dir holding
     it), read with the tokenizer it recorded, or "hf:<hub id or folder>", a released Pythia / SmolLM2 with its
     own tokenizer. Raises RunError (a bad checkpoint) or ValueError / DataError (a bad hf: source)."""
     from support.checkpoints import load_model
     if checkpoint.startswith("hf:"):
         from model import GPT
-        return GPT.from_pretrained(checkpoint[3:]).to(device).eval(), get_tokenizer(checkpoint)
+        return GPT.from_pretrained(checkpoint[3:]).eval(), get_tokenizer(checkpoint)
     path = os.path.join(checkpoint, "ckpt.pt") if os.path.isdir(checkpoint) else checkpoint
-    model, ckpt = load_model(path, device)
+    model, ckpt = load_model(path)
     if "tokenizer" not in ckpt:           # e.g. an S5 study run, which has its own vocabulary
         raise RunError(f"{path} names no tokenizer: it is not a checkpoint of train.py")
     return model, get_tokenizer(ckpt["tokenizer"])
@@ -87,7 +87,7 @@ class NanoLM(TemplateLM):
             raise ValueError(f"device {device!r} (lm_eval's default is cuda:0) but CUDA is not available: "
                              f"pass --device cpu")
         if pretrained is None:
-            pretrained, tokenizer = load(checkpoint, self._device.type)
+            pretrained, tokenizer = load(checkpoint)
         elif tokenizer is None:
             raise ValueError("pretrained=<a GPT> needs tokenizer=<prepare_data.get_tokenizer(...)>")
         self.model, self.tok = pretrained.to(self._device).eval(), tokenizer

@@ -86,12 +86,13 @@ def direct_loglikelihood_ids(model, ctx, cont):
     return logprobs[torch.arange(len(cont)), target].sum().item(), bool((logprobs.argmax(-1) == target).all())
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_loglikelihood_equals_a_direct_log_softmax(name):
+@pytest.mark.parametrize("name, mode", [(name, "exact") for name in MODELS] + [(name, "converged") for name in T2MLR])
+def test_loglikelihood_equals_a_direct_log_softmax(name, mode):
     """Every variant, float64, batched (batch 3, so batches mix lengths): the adapter's sums and greedy flags
-    are the direct computation's, the truncated context included."""
+    are the direct computation's, the truncated context included. T²MLR also in mode converged at tol 0 (all
+    T sweeps: exact)."""
     model = model_of(name)
-    got = adapter(model, batch_size=3).loglikelihood(instances("loglikelihood", PAIRS))
+    got = adapter(model, batch_size=3, mode=mode).loglikelihood(instances("loglikelihood", PAIRS))
     for (context, continuation), (logprob, greedy) in zip(PAIRS, got, strict=True):
         want, want_greedy = direct_loglikelihood(model, context, continuation)
         assert logprob == pytest.approx(want, abs=1e-10, rel=1e-12), (context, continuation)
@@ -388,3 +389,33 @@ def test_table1_suite_writes_json_and_markdown_side_by_side_and_resumes(tmp_path
     capsys.readouterr()
     table1.main(argv)                                                # everything stored: nothing rerun
     assert capsys.readouterr().err.count("stored, skipped") == 4
+
+
+if __name__ == "__main__":      # PYTHONPATH=. python tests/test_harness.py: the agreements the tests bound, measured
+    import tempfile
+    requests = instances("loglikelihood", PAIRS)
+    print("| variant | batched vs alone, float32 | float64 | adapter vs direct, float64 |\n|---|---|---|---|")
+    for name in MODELS:
+        for mode in ("exact", "jacobi", "converged") if name in T2MLR else ("exact",):
+            gaps = []
+            for dtype in (torch.float32, torch.float64):
+                model = model_of(name, dtype)
+                batched = adapter(model, batch_size=len(PAIRS), mode=mode).loglikelihood(requests)
+                alone = adapter(model, batch_size=1, mode=mode).loglikelihood(requests)
+                gaps.append(max(abs(a[0] - b[0]) for a, b in zip(batched, alone)))
+            direct = [direct_loglikelihood(model, c, x)[0] for c, x in PAIRS]
+            gap = f"{max(abs(a[0] - d) for a, d in zip(batched, direct)):.1e}" if mode != "jacobi" else "(D < T)"
+            print(f"| {name}{'' if mode == 'exact' else ' ' + mode} | {gaps[0]:.1e} | {gaps[1]:.1e} | {gap} |")
+    from lm_eval.models.huggingface import HFLM
+    from test_pretrained import TEXTS, hf_model, train_tokenizer
+    hf_requests = instances("loglikelihood", [(TEXTS[i][:10 + 3 * i], TEXTS[i][10 + 3 * i:40 + 3 * i]) for i in range(12)])
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in ("pythia_untied_rot25", "pythia_tied_rot50", "smollm2_gqa_tied", "llama_mha_untied"):
+            folder = Path(tmp) / case
+            train_tokenizer(folder, TEXTS, vocab_size=300)
+            hf_model(case, vocab=300).save_pretrained(folder)
+            theirs = HFLM(pretrained=str(folder), device="cpu", batch_size=4, dtype="float32").loglikelihood(hf_requests)
+            ours = NanoLM(checkpoint=f"hf:{folder}", device="cpu", batch_size=5).loglikelihood(hf_requests)
+            print(f"hf:{case} vs lm_eval's HFLM (transformers), float32: max |difference| "
+                  f"{max(abs(a[0] - b[0]) for a, b in zip(ours, theirs)):.1e} over {len(ours)} requests, "
+                  f"greedy flags equal: {[a[1] for a in ours] == [b[1] for b in theirs]}")
