@@ -10,7 +10,7 @@ defines (Wikitext word perplexity, LAMBADA-OpenAI and -Standard perplexity of th
 
 Writes OUT/table1.json (every score with lm-eval's standard error, the command, the versions) and
 OUT/table1.md (one table per shot count, tasks as columns and the average last, accuracies in %; one table of
-perplexities). Rerunning with the same OUT and options skips the (model, shots) runs already stored. The
+perplexities). Rerunning with the same OUT skips the (model, shots) runs already stored (see run). The
 Pile perplexity of Table 1 is not here: lm-eval has no Pile validation task whose data is still distributed.
 Models are read by support.harness (train.py checkpoints or hf:<hub id or folder>; T²MLR in exact mode).
 """
@@ -65,19 +65,24 @@ def evaluate(lm, shots: int, limit=None, task_manager=None, tasks=None, perplexi
 
 
 def run(models, out_dir, shots=(0, 5), limit=None, task_manager=None, tasks=None, perplexities=None,
-        command="", **lm_args):
-    """Evaluate every model (a checkpoint path, out_dir or hf:...) at every shot count; store each run in
-    out_dir/table1.json as it finishes (a rerun skips stored runs of the same options) and write the tables.
-    lm_args go to support.harness.NanoLM (batch_size, device, dtype, mode). Returns the stored dict."""
+        command="", include_path=None, batch_size=16, device="auto", dtype="auto", mode="exact"):
+    """Evaluate every model (a checkpoint path, out_dir or hf:...) at every shot count, through
+    support.harness.NanoLM(batch_size, device, dtype, mode); store each run in out_dir/table1.json as it
+    finishes and write the tables. A rerun skips the stored runs when the options that change a score (limit,
+    tasks, dtype, mode, include_path) are the same; otherwise the old file is kept as table1.json.old and a
+    new one begins. Returns the stored dict."""
     import lm_eval
     from support.harness import NanoLM
     tasks = TASKS if tasks is None else tasks
     perplexities = PERPLEXITIES if perplexities is None else perplexities
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "table1.json")
-    options = {"limit": limit, "tasks": tasks, "perplexities": perplexities, **lm_args}
-    stored = json.load(open(path)) if os.path.isfile(path) else {}
-    if stored.get("options") != json.loads(json.dumps(options)):
+    options = json.loads(json.dumps({"limit": limit, "tasks": tasks, "perplexities": perplexities, "dtype": dtype,
+                                     "mode": mode, "include_path": include_path}))
+    stored = json.load(open(path)) if os.path.isfile(path) else {"options": options, "runs": {}}
+    if stored.get("options") != options:
+        os.replace(path, path + ".old")
+        print(f"{path} was made with other options: kept as {path}.old, starting anew", file=sys.stderr)
         stored = {"options": options, "runs": {}}
     stored.update(command=command, lm_eval=lm_eval.__version__, models=list(models), shots=list(shots))
     for model in models:
@@ -87,7 +92,7 @@ def run(models, out_dir, shots=(0, 5), limit=None, task_manager=None, tasks=None
             if key in stored["runs"]:
                 print(f"{key}: stored, skipped", file=sys.stderr)
                 continue
-            lm = lm or NanoLM(checkpoint=model, **lm_args)
+            lm = lm or NanoLM(checkpoint=model, batch_size=batch_size, device=device, dtype=dtype, mode=mode)
             start = time.time()
             stored["runs"][key] = {**evaluate(lm, k, limit, task_manager, tasks, perplexities),
                                    "seconds": round(time.time() - start, 1), **lm.get_model_info()}
@@ -149,15 +154,17 @@ def main(argv=None):
     from lm_eval.tasks import TaskManager
     manager = TaskManager(include_path=args.include_path) if args.include_path else None
     stored = run(args.models, args.out, shots, args.limit, manager, command="python -m studies.table1 " +
-                 " ".join(argv if argv is not None else sys.argv[1:]), batch_size=args.batch_size,
-                 device=args.device, dtype=args.dtype, mode=args.mode)
+                 " ".join(argv if argv is not None else sys.argv[1:]), include_path=args.include_path,
+                 batch_size=args.batch_size, device=args.device, dtype=args.dtype, mode=args.mode)
     print(markdown(stored))
     print(f"wrote {os.path.join(args.out, 'table1.json')} and table1.md", file=sys.stderr)
 
 
 if __name__ == "__main__":
+    from configurator import ConfigError
+    from prepare_data import DataError
     from support.runtime import RunError
     try:
         main()
-    except (RunError, ValueError, KeyError) as e:
+    except (RunError, ValueError, KeyError, ConfigError, DataError) as e:
         sys.exit(f"error: {e}")

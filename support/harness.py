@@ -26,6 +26,7 @@ How a request becomes a forward pass:
   make a request's score depend on its batch, so those run one request at a time.
 """
 
+import math
 import os
 import sys
 from contextlib import nullcontext
@@ -42,6 +43,7 @@ from prepare_data import get_tokenizer
 from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
 
 MODES = ("exact", "jacobi", "converged")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 
 
 def load(checkpoint: str):
@@ -61,40 +63,55 @@ def load(checkpoint: str):
 
 @register_model("nanomesh")
 class NanoLM(TemplateLM):
-    """lm_eval's three request types for one GPT of model.py. Give `checkpoint` (see load), or `pretrained` (a
-    GPT) and `tokenizer` (prepare_data.get_tokenizer's kind). mode: T²MLR's forward mode (MODES); tol: its
-    converged-mode tolerance; batch_size: requests per forward pass; device 'auto' | 'cpu' | 'cuda' ...;
-    dtype 'auto' (bf16 autocast on CUDA, else fp32), 'float32', 'bfloat16' or 'float64' (the model cast).
-    Raises ValueError naming a bad argument."""
+    """lm_eval's three request types for one GPT of model.py. Give `checkpoint` (see load), or, from Python,
+    `pretrained` (a GPT, moved and cast in place) and `tokenizer` (prepare_data.get_tokenizer's kind).
+    mode: T²MLR's forward mode for scoring (MODES; generation decodes exactly, after a converged prefill in
+    mode 'converged' and an exact one otherwise); tol: the converged mode's tolerance; batch_size: requests
+    per forward pass; device: 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'; dtype: DTYPES ('auto' = bf16 autocast
+    on CUDA, else fp32; 'float64' casts the model). max_batch_size is lm_eval's and unused. Raises ValueError
+    naming a bad or unknown argument and what is valid."""
 
     def __init__(self, checkpoint=None, pretrained=None, tokenizer=None, mode="exact", tol=0.0, batch_size=1,
-                 device="auto", dtype="auto", max_batch_size=None, **unused):
+                 device="auto", dtype="auto", max_batch_size=None, **unknown):
         super().__init__()
-        if unused:          # lm_eval passes its own options (e.g. trust_remote_code) to every model
-            print(f"nanomesh: ignoring model arguments {sorted(unused)}", file=sys.stderr)
+        if unknown:
+            raise ValueError(f"unknown model argument(s) {', '.join(sorted(unknown))}: nanomesh takes checkpoint, "
+                             f"mode, tol, dtype (and lm_eval's batch_size, device)")
         if (checkpoint is None) == (pretrained is None):
-            raise ValueError("give checkpoint=<ckpt.pt, out_dir or hf:...> or pretrained=<a GPT>, not both")
+            raise ValueError("give checkpoint=<ckpt.pt, out_dir or hf:...> or, from Python, pretrained=<a GPT>")
+        if checkpoint is not None and tokenizer is not None:
+            raise ValueError(f"tokenizer={tokenizer!r} goes with pretrained=<a GPT>; a checkpoint is read with "
+                             f"the tokenizer it recorded")
+        if pretrained is not None and not (hasattr(pretrained, "cfg") and tokenizer is not None):
+            raise ValueError("pretrained= takes a GPT object and tokenizer= its tokenizer (from Python); on the "
+                             "command line give checkpoint=<ckpt.pt, out_dir or hf:<hub id or folder>>")
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {', '.join(map(repr, MODES))}")
-        self.mode, self.tol = mode, float(tol)
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of {', '.join(map(repr, DTYPES))}")
+        try:
+            self.tol = float(tol)
+        except (TypeError, ValueError):
+            self.tol = math.nan
         if not 0 <= self.tol < 1:
-            raise ValueError(f"tol {tol!r} is not in [0, 1)")
-        if str(batch_size) == "auto" or not str(batch_size).isdigit() or int(batch_size) < 1:
+            raise ValueError(f"tol {tol!r} is not a number in [0, 1)")
+        if isinstance(batch_size, bool) or not str(batch_size).isdigit() or int(batch_size) < 1:
             raise ValueError(f"batch_size {batch_size!r} is not an integer >= 1 ('auto' is not supported)")
-        self.batch_size = int(batch_size)
-        self._device = torch.device(resolve_device(device))
+        self.mode, self.batch_size = mode, int(batch_size)
+        try:
+            self._device = torch.device(resolve_device(device))
+        except RuntimeError:
+            raise ValueError(f"device {device!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'") from None
         if self._device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} (lm_eval's default is cuda:0) but CUDA is not available: "
                              f"pass --device cpu")
         if pretrained is None:
             pretrained, tokenizer = load(checkpoint)
-        elif tokenizer is None:
-            raise ValueError("pretrained=<a GPT> needs tokenizer=<prepare_data.get_tokenizer(...)>")
         self.model, self.tok = pretrained.to(self._device).eval(), tokenizer
         if dtype == "float64":
             self.model, self.autocast_dtype = self.model.double(), None
         else:
-            self.autocast_dtype = resolve_dtype(dtype, self._device.type)
+            self.autocast_dtype = resolve_dtype(dtype, self._device.type)    # ConfigError: float16 off CUDA
         cfg = self.model.cfg
         self.t2mlr, self.max_length = cfg.t2mlr, cfg.block_size
         stops_on_batch = (mode == "converged" and self.tol > 0) or (mode == "jacobi" and cfg.jacobi_tol > 0)
@@ -121,8 +138,8 @@ class NanoLM(TemplateLM):
 
     @torch.no_grad()
     def logits(self, inputs):
-        """Log-probabilities (B, T, V) in float32 at least, for a batch of token lists (each 1..block_size
-        long), padded on the right; rows beyond a list's length are padding and meaningless."""
+        """Logits (B, T, V) of a batch of token lists (each 1..block_size long), padded on the right; the rows
+        beyond a list's length are padding and meaningless."""
         T = max(map(len, inputs))
         idx = torch.full((len(inputs), T), self.tok.eot, dtype=torch.long)
         control = torch.zeros(len(inputs), T, dtype=torch.long)       # T²MLR: 0 = pad, 2 = recurrent
@@ -132,10 +149,8 @@ class NanoLM(TemplateLM):
         idx, control = idx.to(self._device), control.to(self._device)
         with self.autocast():
             if self.t2mlr:
-                logits, _ = self.model(idx, mode=self.mode, control=control, tol=self.tol)
-            else:
-                logits, _ = self.model(idx)
-        return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+                return self.model(idx, mode=self.mode, control=control, tol=self.tol)[0]
+            return self.model(idx)[0]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
         """[(key, context ids, continuation ids)] -> [(summed log-probability of the continuation, whether it
@@ -145,20 +160,24 @@ class NanoLM(TemplateLM):
             if len(continuation) > self.max_length:
                 raise ValueError(f"a continuation of {len(continuation)} tokens exceeds block_size "
                                  f"{self.max_length}")
+        # a context that encodes to nothing (e.g. " ": its space moved to the continuation) reads the prefix
+        requests = [(key, context or [self.prefix_token_id], continuation) for key, context, continuation in requests]
         order = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
         results = []
         with tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="nanomesh scoring") as bar:
             for batch in order.get_batched(n=self.batch_size):
                 # the input: the last block_size + 1 tokens of context + continuation, without the last
                 inputs = [(context + continuation)[-(self.max_length + 1):][:-1] for _, context, continuation in batch]
-                logprobs = self.logits(inputs)
+                logits = self.logits(inputs)
                 for row, (key, _, continuation) in enumerate(batch):
                     n = len(inputs[row])
-                    lp = logprobs[row, n - len(continuation):n]                  # (n_cont, V)
+                    rows = logits[row, n - len(continuation):n]                  # (n_cont, V): predict cont
+                    lp = F.log_softmax(rows.to(torch.promote_types(rows.dtype, torch.float32)), dim=-1)
                     target = torch.tensor(continuation, device=lp.device)
                     answer = (float(lp.gather(-1, target[:, None]).sum()), bool((lp.argmax(-1) == target).all()))
                     results.append(answer)
-                    self.cache_hook.add_partial("loglikelihood", key, answer)
+                    if key is not None:               # None: a rolling window, cached as its document
+                        self.cache_hook.add_partial("loglikelihood", key, answer)
                     bar.update(1)
         return order.get_original(results)
 
@@ -170,7 +189,7 @@ class NanoLM(TemplateLM):
             for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
                     self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
                     context_len=1)):
-                windows.append(((text,), context, continuation))
+                windows.append((None, context, continuation))
                 owner.append(i)
         scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
         totals = [0.0] * len(requests)
@@ -233,4 +252,10 @@ class NanoLM(TemplateLM):
 
 if __name__ == "__main__":      # lm_eval's command line, with "nanomesh" registered
     from lm_eval.__main__ import cli_evaluate
-    cli_evaluate()
+
+    from configurator import ConfigError
+    from prepare_data import DataError
+    try:
+        cli_evaluate()
+    except (ValueError, RunError, DataError, ConfigError) as e:
+        sys.exit(f"error: {e}")

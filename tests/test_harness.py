@@ -49,6 +49,7 @@ PAIRS = [
     ("x" * 30 + " and then a much longer context that runs past the block size of the model", " ends here"),
     ("Short", " and a continuation longer than it"),
     ("def f(x):\n    return", " x + 1"),
+    (" ", "abc"),              # a context that is only its trailing space: the prefix (EOT) conditions
 ]
 
 
@@ -115,15 +116,17 @@ def test_batched_requests_equal_one_at_a_time(name, mode):
 
 
 def test_the_equality_above_catches_pads_that_reach_the_state():
-    """The check has teeth: the same T²MLR model with its pads on the LEFT (a pad before the real tokens, the
-    bug class of peers that ignore the mask) or with the state of one request carried into the next gives
-    other log-likelihoods; the adapter's batch gives the alone values to 1e-12."""
+    """What the equality above guards against, shown to be visible: the same T²MLR model with its pads on the
+    LEFT (a pad before the real tokens, the bug class of peers that ignore the mask) or with the state of one
+    request carried into the next gives other log-likelihoods (> 1e-3); the adapter's right-padded batch
+    gives the alone values to 1e-12. (With right padding and causal attention no pad can reach a real token,
+    whatever control marks it: the pads' control 0 only spares them the state.)"""
     model = model_of("t2mlr_llama")
     short, long = list(b"The cat sat"), list(b"A much longer request than the first")
     with torch.no_grad():
         alone = model(torch.tensor([short]))[0][0]
         left = model(torch.tensor([[0] * (len(long) - len(short)) + short, long]))[0][0, -len(short):]
-        right = adapter(model).logits([long, short])[1, :len(short)]
+        right = F.log_softmax(adapter(model).logits([long, short])[1, :len(short)], dim=-1)
         cache = model.new_cache()
         model(torch.tensor([long]), cache=cache)
         cache.layers = [type(layer)(BLOCK) for layer in cache.layers]           # keys reset, cache.R kept
@@ -193,6 +196,45 @@ def test_greedy_generation_equals_generate_and_stops_at_the_stop_string(name):
         lm.generate_until(instances("generate_until", [(prompt, {"do_sample": True, "temperature": 1.0})]))
 
 
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_greedy_flag_is_true_for_the_greedy_continuation_only(name):
+    """The flag that is LAMBADA's accuracy: the model's own greedy continuation (GPT.generate, temperature 0)
+    is greedy; the same with its last token changed is not; in one batch with other requests."""
+    model = model_of(name)
+    context = list(b"The cat sat on the mat and")
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([context]), 6, temperature=0, recurrent_prompt=True)[0, len(context):]
+    greedy = greedy.tolist()
+    changed = greedy[:-1] + [(greedy[-1] + 1) % 256]
+    requests = [((None, None), context, greedy), ((None, None), context, changed),
+                ((None, None), list(b"x"), list(b"yz"))]
+    flags = [flag for _, flag in adapter(model, batch_size=3)._loglikelihood_tokens(requests, disable_tqdm=True)]
+    assert flags[:2] == [True, False]
+
+
+class EotAt(type(BYTE)):
+    """The byte tokenizer with another id as its end-of-text token, decoded as "<EOT>"."""
+
+    def __init__(self, eot):
+        self.eot = eot
+
+    def decode(self, ids):
+        return "".join("<EOT>" if i == self.eot else chr(i) for i in ids)
+
+
+def test_generation_stops_at_the_end_of_text_token():
+    """With the 4th-or-later new greedy token declared the EOT, generate_until returns the text before it."""
+    model = model_of("t2mlr_neox_detached")          # its greedy text does not just repeat a token
+    context = "Once upon a time"
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([list(context.encode())]), 12, temperature=0,
+                                recurrent_prompt=True)[0, len(context):].tolist()
+    k = next(k for k in range(3, 12) if greedy[k] not in greedy[:k] and greedy[k] < 256)
+    lm = NanoLM(pretrained=model, tokenizer=EotAt(greedy[k]), device="cpu", dtype="float64")
+    text = lm.generate_until(instances("generate_until", [(context, {"until": ["\x00never"], "max_gen_toks": 12})]))
+    assert text == ["".join(chr(i) for i in greedy[:k] if i < 256)]
+
+
 def test_hf_models_give_what_lm_evals_transformers_model_gives(tmp_path):
     """checkpoint=hf:<folder> (a random GPT-NeoX and a random Llama saved with save_pretrained, with a BPE
     tokenizer trained here) against lm_eval's own HFLM on the same folder: the same log-likelihoods (its
@@ -213,7 +255,8 @@ def test_hf_models_give_what_lm_evals_transformers_model_gives(tmp_path):
         hf_model(case, vocab=300).save_pretrained(folder)
         theirs = HFLM(pretrained=str(folder), device="cpu", batch_size=2, dtype="float32")
         ours = NanoLM(checkpoint=f"hf:{folder}", device="cpu", batch_size=3)
-        for (a, greedy_a), (b, greedy_b) in zip(ours.loglikelihood(requests), theirs.loglikelihood(requests)):
+        for (a, greedy_a), (b, greedy_b) in zip(ours.loglikelihood(requests), theirs.loglikelihood(requests),
+                                                strict=True):
             assert a == pytest.approx(b, abs=1e-4, rel=0) and greedy_a == greedy_b
         assert ours.loglikelihood_rolling(rolling)[0] == pytest.approx(theirs.loglikelihood_rolling(rolling)[0],
                                                                        rel=1e-6)
@@ -283,17 +326,28 @@ def direct_scores(model, shots=0):
 
 @pytest.mark.parametrize("name", ["vanilla_neox", "recursive_mesh", "t2mlr_llama"])
 def test_tasks_built_here_run_end_to_end_through_lm_evals_evaluator(tmp_path, name):
-    """simple_evaluate on the three local tasks: acc, acc_norm and word perplexity equal the direct values;
-    generation runs; a 2-shot run's prompts hold two solved examples."""
+    """simple_evaluate on the three local tasks: acc, acc_norm and word perplexity equal the direct values, the
+    generated texts are GPT.generate's greedy ones cut at the stop; a 2-shot run's prompts hold two solved
+    examples."""
     model = model_of(name)
     manager = TaskManager(include_path=str(write_tasks(tmp_path / "tasks")), include_defaults=False)
-    out = lm_eval.simple_evaluate(model=adapter(model, batch_size=4), tasks=["tiny_mc", "tiny_roll", "tiny_gen"],
-                                  task_manager=manager, num_fewshot=0, bootstrap_iters=0)["results"]
+    lm = adapter(model, batch_size=4)
+    full = lm_eval.simple_evaluate(model=lm, tasks=["tiny_mc", "tiny_roll", "tiny_gen"], task_manager=manager,
+                                   num_fewshot=0, bootstrap_iters=0)
+    out = full["results"]
     acc, acc_norm, word_ppl = direct_scores(model)
     assert out["tiny_mc"]["acc,none"] == pytest.approx(acc)
     assert out["tiny_mc"]["acc_norm,none"] == pytest.approx(acc_norm)
     assert out["tiny_roll"]["word_perplexity,none"] == pytest.approx(word_ppl, rel=1e-9)
-    assert 0 <= out["tiny_gen"]["exact_match,none"] <= 1
+    matches = []
+    for sample in full["samples"]["tiny_gen"]:       # greedy, 6 tokens at most, cut at a newline or the EOT
+        context = sample["arguments"][0][0]
+        with torch.no_grad():
+            ids = model.generate(torch.tensor([list(context.encode())]), 6, temperature=0, recurrent_prompt=True)
+        want = lm.decode(ids[0, len(context):].tolist()).split("\n")[0].split("<|endoftext|>")[0]
+        assert sample["resps"][0][0] == want
+        matches.append(want == sample["target"])
+    assert out["tiny_gen"]["exact_match,none"] == sum(matches) / len(matches)
     two_shot = lm_eval.simple_evaluate(model=adapter(model, batch_size=4), tasks=["tiny_mc"], task_manager=manager,
                                        num_fewshot=2, bootstrap_iters=0, log_samples=True)
     context, continuation = two_shot["samples"]["tiny_mc"][0]["arguments"][0]
@@ -324,18 +378,24 @@ def test_checkpoint_loading_uses_the_recorded_tokenizer_and_bad_arguments_are_na
              (dict(checkpoint=str(tmp_path / "none")), "no checkpoint at"),
              (dict(checkpoint=str(tmp_path / "run"), mode="fast"), "mode 'fast' is not one of"),
              (dict(checkpoint=str(tmp_path / "run"), batch_size="auto"), "batch_size 'auto' is not an integer"),
-             (dict(checkpoint=str(tmp_path / "run"), tol=2.0), r"tol 2.0 is not in \[0, 1\)"),
+             (dict(checkpoint=str(tmp_path / "run"), tol=2.0), r"tol 2.0 is not a number in \[0, 1\)"),
+             (dict(checkpoint=str(tmp_path / "run"), tol="abc"), r"tol 'abc' is not a number in \[0, 1\)"),
+             (dict(checkpoint=str(tmp_path / "run"), dtype="bogus"), "dtype 'bogus' is not one of 'auto'"),
+             (dict(checkpoint=str(tmp_path / "run"), device="gpu"), "device 'gpu' is not one of 'auto'"),
+             (dict(checkpoint=str(tmp_path / "run"), modes="jacobi"), "unknown model argument.s. modes"),
+             (dict(checkpoint=str(tmp_path / "run"), tokenizer="gpt2"), "tokenizer='gpt2' goes with pretrained"),
+             (dict(pretrained=str(tmp_path / "run"), tokenizer="byte"), "pretrained= takes a GPT object"),
              (dict(), "give checkpoint=")]
     for kwargs, message in cases:
         with pytest.raises(Exception, match=message):
-            NanoLM(device="cpu", **kwargs)
+            NanoLM(**{"device": "cpu", **kwargs})
     with pytest.raises(ValueError, match="a continuation of 49 tokens exceeds block_size 48"):
         lm.loglikelihood(instances("loglikelihood", [("a", "b" * 49)]))
 
 
 def test_command_line_is_lm_evals_with_nanomesh_registered(tmp_path):
     """python -m support.harness --model nanomesh ... runs lm_eval's command line on a checkpoint and writes
-    its results JSON; the scores equal the in-process evaluator's."""
+    its results JSON; the scores equal the in-process evaluator's; a bad model argument is one line."""
     write_checkpoint(tmp_path / "run", "t2mlr_llama")
     tasks = write_tasks(tmp_path / "tasks")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
@@ -344,6 +404,10 @@ def test_command_line_is_lm_evals_with_nanomesh_registered(tmp_path):
            "--device", "cpu", "--batch_size", "4", "--output_path", str(tmp_path / "results")]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    bad = subprocess.run([arg.replace("mode=exact", "mode=fast") for arg in cmd], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1] == "error: mode 'fast' is not one of 'exact', 'jacobi', 'converged'"
     results = json.loads(next((tmp_path / "results").rglob("results_*.json")).read_text())["results"]
     lm = NanoLM(checkpoint=str(tmp_path / "run"), device="cpu", batch_size=4)
     manager = TaskManager(include_path=str(tasks), include_defaults=False)
@@ -354,8 +418,9 @@ def test_command_line_is_lm_evals_with_nanomesh_registered(tmp_path):
 
 def test_table1_suite_writes_json_and_markdown_side_by_side_and_resumes(tmp_path, monkeypatch, capsys):
     """python -m studies.table1 on two checkpoints, with the suite's tasks swapped for local ones (so it runs
-    offline): every stored score is lm_eval's own for that model and shot count, the markdown has the tasks as
-    columns with the average last and a perplexity table, and a rerun skips what is stored."""
+    offline): four runs stored, the T²MLR model's 0-shot scores are lm_eval's own, the markdown has the tasks
+    as columns with the average last and a perplexity table; a rerun skips what is stored, one with another
+    --limit keeps the old file and starts anew."""
     from studies import table1
     for name in ("vanilla_neox", "t2mlr_llama"):
         write_checkpoint(tmp_path / name, name)
@@ -389,6 +454,11 @@ def test_table1_suite_writes_json_and_markdown_side_by_side_and_resumes(tmp_path
     capsys.readouterr()
     table1.main(argv)                                                # everything stored: nothing rerun
     assert capsys.readouterr().err.count("stored, skipped") == 4
+    table1.main(argv[:1] + argv[2:] + ["--limit", "2", "--shots", "0"])
+    assert "starting anew" in capsys.readouterr().err
+    assert (tmp_path / "out" / "table1.json.old").is_file()
+    assert list(json.loads((tmp_path / "out" / "table1.json").read_text())["runs"]) == \
+        [f"{tmp_path / 'vanilla_neox'} | 0-shot"]
 
 
 if __name__ == "__main__":      # PYTHONPATH=. python tests/test_harness.py: the agreements the tests bound, measured
