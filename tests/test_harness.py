@@ -393,6 +393,26 @@ def test_checkpoint_loading_uses_the_recorded_tokenizer_and_bad_arguments_are_na
         lm.loglikelihood(instances("loglikelihood", [("a", "b" * 49)]))
 
 
+def test_a_gpt2_checkpoint_is_read_with_gpt2_bpe(tmp_path):
+    """A checkpoint that recorded tokenizer 'gpt2' is scored in GPT-2 BPE ids (tiktoken): the adapter's
+    log-likelihood equals the direct one over tiktoken's encoding of context and continuation."""
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR", str(ROOT.parent / "shared" / "tiktoken_cache"))
+    if not Path(cache).is_dir():
+        pytest.skip(f"no offline GPT-2 vocabulary at {cache}")
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", cache)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50304, block_size=32, n_layer=2, n_embd=32, n_head=4)).eval()
+    (tmp_path / "run").mkdir()
+    torch.save({"model": model.state_dict(), "model_config": asdict(model.cfg), "tokenizer": "gpt2"},
+               tmp_path / "run" / "ckpt.pt")
+    lm = NanoLM(checkpoint=str(tmp_path / "run"), device="cpu")
+    bpe = get_tokenizer("gpt2")
+    context, continuation = bpe.encode("The cat sat on the"), bpe.encode(" mat")
+    assert lm.tok.name == "gpt2" and len(context) == 5 and len(continuation) == 1
+    got = lm.loglikelihood(instances("loglikelihood", [("The cat sat on the", " mat")]))[0][0]
+    assert got == pytest.approx(direct_loglikelihood_ids(model, context, continuation)[0], abs=1e-5)
+
+
 def test_command_line_is_lm_evals_with_nanomesh_registered(tmp_path):
     """python -m support.harness --model nanomesh ... runs lm_eval's command line on a checkpoint and writes
     its results JSON; the scores equal the in-process evaluator's; a bad model argument is one line."""
