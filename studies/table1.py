@@ -65,24 +65,25 @@ def evaluate(lm, shots: int, limit=None, task_manager=None, tasks=None, perplexi
 
 
 def run(models, out_dir, shots=(0, 5), limit=None, task_manager=None, tasks=None, perplexities=None,
-        command="", include_path=None, batch_size=16, device="auto", dtype="auto", mode="exact"):
+        command="", include_path=None, batch_size=16, device="auto", dtype="auto", mode="exact", tol=0.0):
     """Evaluate every model (a checkpoint path, out_dir or hf:...) at every shot count, through
-    support.harness.NanoLM(batch_size, device, dtype, mode); store each run in out_dir/table1.json as it
-    finishes and write the tables. A rerun skips the stored runs when the options that change a score (limit,
-    tasks, dtype, mode, include_path) are the same; otherwise the old file is kept as table1.json.old and a
-    new one begins. Returns the stored dict."""
+    support.harness.NanoLM(batch_size, device, dtype, mode, tol); store each run in out_dir/table1.json and
+    rewrite table1.md as it finishes. A rerun skips the stored runs when the options that change a score
+    (limit, tasks, dtype, mode, tol, include_path, the device type) are the same; otherwise, once the first new
+    run has finished, the old file is kept as table1.json.old (or .old2, ...) and a new one begins. Returns
+    the stored dict. Raises ValueError (a bad argument, or lm_eval's, with the model and shots named)."""
     import lm_eval
     from support.harness import NanoLM
+    from support.runtime import resolve_device
     tasks = TASKS if tasks is None else tasks
     perplexities = PERPLEXITIES if perplexities is None else perplexities
-    os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "table1.json")
     options = json.loads(json.dumps({"limit": limit, "tasks": tasks, "perplexities": perplexities, "dtype": dtype,
-                                     "mode": mode, "include_path": include_path}))
+                                     "mode": mode, "tol": tol, "include_path": include_path,
+                                     "device_type": resolve_device(device).split(":")[0]}))
     stored = json.load(open(path)) if os.path.isfile(path) else {"options": options, "runs": {}}
-    if stored.get("options") != options:
-        os.replace(path, path + ".old")
-        print(f"{path} was made with other options: kept as {path}.old, starting anew", file=sys.stderr)
+    replaces_old = stored.get("options") != options
+    if replaces_old:
         stored = {"options": options, "runs": {}}
     stored.update(command=command, lm_eval=lm_eval.__version__, models=list(models), shots=list(shots))
     for model in models:
@@ -92,43 +93,62 @@ def run(models, out_dir, shots=(0, 5), limit=None, task_manager=None, tasks=None
             if key in stored["runs"]:
                 print(f"{key}: stored, skipped", file=sys.stderr)
                 continue
-            lm = lm or NanoLM(checkpoint=model, batch_size=batch_size, device=device, dtype=dtype, mode=mode)
+            lm = lm or NanoLM(checkpoint=model, batch_size=batch_size, device=device, dtype=dtype, mode=mode,
+                              tol=tol)
             start = time.time()
-            stored["runs"][key] = {**evaluate(lm, k, limit, task_manager, tasks, perplexities),
-                                   "seconds": round(time.time() - start, 1), **lm.get_model_info()}
-            with open(path + ".tmp", "w") as f:
-                json.dump(stored, f, indent=1)
-            os.replace(path + ".tmp", path)
+            try:
+                scores = evaluate(lm, k, limit, task_manager, tasks, perplexities)
+            except ValueError as e:           # e.g. lm_eval: fewer examples than shots ("Sample larger ...")
+                raise ValueError(f"{key}: {e}") from e
+            stored["runs"][key] = {**scores, "seconds": round(time.time() - start, 1), **lm.get_model_info()}
+            if replaces_old and os.path.isfile(path):     # only now that a new run is there to take its place
+                old = next(f"{path}.old{i or ''}" for i in range(10**6) if not os.path.exists(f"{path}.old{i or ''}"))
+                os.replace(path, old)
+                print(f"{path} was made with other options: kept as {old}, starting anew", file=sys.stderr)
+            replaces_old = False
+            write(stored, out_dir, tasks, perplexities)
+    if os.path.isfile(path):
+        write(stored, out_dir, tasks, perplexities)
+    return stored
+
+
+def write(stored, out_dir, tasks, perplexities):
+    """table1.json (atomically) and table1.md in out_dir."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "table1.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(stored, f, indent=1)
+    os.replace(path + ".tmp", path)
     with open(os.path.join(out_dir, "table1.md"), "w") as f:
         f.write(markdown(stored, tasks, perplexities))
-    return stored
 
 
 def markdown(stored, tasks=None, perplexities=None) -> str:
     """Table 1's layout: per shot count a table of models x tasks (accuracy in %, the metric under each column
-    name) with the average of the tasks last; then the perplexities (0-shot)."""
+    name) with the average of the tasks last; then the perplexities (0-shot). A run not yet done is "–"."""
     tasks = TASKS if tasks is None else tasks
     perplexities = PERPLEXITIES if perplexities is None else perplexities
     limit = stored["options"]["limit"]
     lines = [f"lm-evaluation-harness {stored['lm_eval']}" + (f", first {limit} examples per task" if limit else "")
              + f". `{stored['command']}`" * bool(stored["command"]), ""]
+
+    def row(model, run, kind, names, scale):
+        if run is None:
+            return f"| {model} | " + " | ".join("–" for _ in names) + " |" + " – |" * (kind == "acc")
+        values = [scale * run[kind][t][0] for t in names]
+        average = f" {sum(values) / len(values):.2f} |" if kind == "acc" else ""
+        return f"| {model} | " + " | ".join(f"{v:.2f}" for v in values) + " |" + average
+
     for k in stored["shots"]:
         lines += [f"**{k}-shot** (%)", "",
                   "| model | " + " | ".join(f"{col} ({metric})" for col, metric in tasks.values()) + " | Avg. |",
                   "|---" * (len(tasks) + 2) + "|"]
-        for model in stored["models"]:
-            acc = stored["runs"][f"{model} | {k}-shot"]["acc"]
-            values = [100 * acc[t][0] for t in tasks]
-            lines.append(f"| {model} | " + " | ".join(f"{v:.2f}" for v in values) +
-                         f" | {sum(values) / len(values):.2f} |")
-        lines.append("")
+        lines += [row(m, stored["runs"].get(f"{m} | {k}-shot"), "acc", tasks, 100) for m in stored["models"]] + [""]
     if 0 in stored["shots"] and perplexities:
         lines += ["**Perplexity** (0-shot, lower is better)", "",
                   "| model | " + " | ".join(col for col, _ in perplexities.values()) + " |",
                   "|---" * (len(perplexities) + 1) + "|"]
-        for model in stored["models"]:
-            ppl = stored["runs"][f"{model} | 0-shot"]["ppl"]
-            lines.append(f"| {model} | " + " | ".join(f"{ppl[t][0]:.2f}" for t in perplexities) + " |")
+        lines += [row(m, stored["runs"].get(f"{m} | 0-shot"), "ppl", perplexities, 1) for m in stored["models"]]
         lines.append("")
     return "\n".join(lines)
 
@@ -138,12 +158,17 @@ def main(argv=None):
     parser.add_argument("models", nargs="+", help="train.py checkpoints (ckpt.pt or its out_dir) or hf:<hub id or folder>")
     parser.add_argument("--out", default="out/table1", help="folder for table1.json and table1.md")
     parser.add_argument("--shots", default="0,5", help="few-shot counts, comma-separated (default 0,5)")
+    parser.add_argument("--tasks", default=None, help="a comma-separated subset of the suite's lm-eval tasks "
+                        f"(default all: {', '.join(dict.fromkeys([*TASKS, *PERPLEXITIES]))})")
     parser.add_argument("--limit", type=int, default=None, help="first N examples per task (a quick look)")
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float64")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or float64")
     parser.add_argument("--mode", default="exact", help="T²MLR: exact (the model), jacobi or converged")
-    parser.add_argument("--include_path", default=None, help="a folder of extra lm-eval task YAMLs")
+    parser.add_argument("--tol", type=float, default=0.0, help="T²MLR, mode converged: its tolerance")
+    parser.add_argument("--include_path", default=None,
+                        help="a folder of lm-eval task YAMLs read before the built-in ones: a task of the\n"
+                             "same name (e.g. a local copy of hellaswag) replaces the built-in one")
     args = parser.parse_args(argv)
     try:
         shots = tuple(int(s) for s in args.shots.split(","))
@@ -151,12 +176,22 @@ def main(argv=None):
         parser.error(f"--shots {args.shots!r} is not a comma-separated list of integers")
     if any(s < 0 for s in shots) or args.limit is not None and args.limit < 1 or args.batch_size < 1:
         parser.error("--shots must be >= 0, --limit and --batch_size >= 1")
+    tasks, perplexities = TASKS, PERPLEXITIES
+    if args.tasks:
+        chosen = args.tasks.split(",")
+        unknown = [t for t in chosen if t not in TASKS and t not in PERPLEXITIES]
+        if unknown:
+            parser.error(f"--tasks: {', '.join(unknown)} not in the suite; choose from "
+                         f"{', '.join(dict.fromkeys([*TASKS, *PERPLEXITIES]))}")
+        tasks = {t: v for t, v in TASKS.items() if t in chosen}
+        perplexities = {t: v for t, v in PERPLEXITIES.items() if t in chosen}
     from lm_eval.tasks import TaskManager
     manager = TaskManager(include_path=args.include_path) if args.include_path else None
-    stored = run(args.models, args.out, shots, args.limit, manager, command="python -m studies.table1 " +
-                 " ".join(argv if argv is not None else sys.argv[1:]), include_path=args.include_path,
-                 batch_size=args.batch_size, device=args.device, dtype=args.dtype, mode=args.mode)
-    print(markdown(stored))
+    stored = run(args.models, args.out, shots, args.limit, manager, tasks, perplexities,
+                 command="python -m studies.table1 " + " ".join(argv if argv is not None else sys.argv[1:]),
+                 include_path=args.include_path, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
+                 mode=args.mode, tol=args.tol)
+    print(markdown(stored, tasks, perplexities))
     print(f"wrote {os.path.join(args.out, 'table1.json')} and table1.md", file=sys.stderr)
 
 
@@ -166,5 +201,8 @@ if __name__ == "__main__":
     from support.runtime import RunError
     try:
         main()
+    except ConnectionError as e:          # the datasets library, offline or a dataset not in its cache
+        sys.exit(f"error: {' '.join(str(e).split())} (a task's data needs the network the first time; "
+                 f"see docs/evaluation.md)")
     except (RunError, ValueError, KeyError, ConfigError, DataError) as e:
         sys.exit(f"error: {e}")

@@ -11,6 +11,7 @@ rng, state, model_config, train_config, s5_config (see support.loop).
 """
 
 import os
+import pickle
 import random
 
 import numpy as np
@@ -79,9 +80,10 @@ def load_checkpoint(path):
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     # truncated or foreign files fail in many ways (EOFError, UnpicklingError, ...)
     except Exception as e:
-        raise RunError(
-            f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        )
+        # torch's weights-only refusal suggests weights_only=False, which is wrong advice for a foreign file
+        reason = ("not a file of tensors and plain values that torch.save wrote" if isinstance(e, pickle.UnpicklingError)
+                  else str(e).splitlines()[0] if str(e) else "")
+        raise RunError(f"cannot read checkpoint {path}: {type(e).__name__}: {reason}")
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict)):
         raise RunError(f"{path} is not a checkpoint of train.py: it has no 'model' state dict")
     ckpt["model"] = clean_state_dict(ckpt["model"], path)

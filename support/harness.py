@@ -63,8 +63,9 @@ def load(checkpoint: str):
 
 @register_model("nanomesh")
 class NanoLM(TemplateLM):
-    """lm_eval's three request types for one GPT of model.py. Give `checkpoint` (see load), or, from Python,
-    `pretrained` (a GPT, moved and cast in place) and `tokenizer` (prepare_data.get_tokenizer's kind).
+    """lm_eval's three request types for one GPT of model.py. Give `checkpoint` (see load; `pretrained`, lm_eval's
+    usual name, is the same and names lm_eval's output folder), or, from Python, `pretrained` as a GPT (moved
+    and cast in place) and `tokenizer` (prepare_data.get_tokenizer's kind).
     mode: T²MLR's forward mode for scoring (MODES; generation decodes exactly, after a converged prefill in
     mode 'converged' and an exact one otherwise); tol: the converged mode's tolerance; batch_size: requests
     per forward pass; device: 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'; dtype: DTYPES ('auto' = bf16 autocast
@@ -75,10 +76,12 @@ class NanoLM(TemplateLM):
                  device="auto", dtype="auto", max_batch_size=None, **unknown):
         super().__init__()
         if unknown:
-            raise ValueError(f"unknown model argument(s) {', '.join(sorted(unknown))}: nanomesh takes checkpoint, "
-                             f"mode, tol, dtype (and lm_eval's batch_size, device)")
+            raise ValueError(f"unknown model argument(s) {', '.join(sorted(unknown))}: nanomesh takes checkpoint "
+                             f"(or pretrained), mode, tol, dtype (and lm_eval's batch_size, device)")
         if (checkpoint is None) == (pretrained is None):
-            raise ValueError("give checkpoint=<ckpt.pt, out_dir or hf:...> or, from Python, pretrained=<a GPT>")
+            raise ValueError("give checkpoint=<ckpt.pt, out_dir or hf:...> (or pretrained=, the same), not both")
+        if isinstance(pretrained, str):     # lm_eval's own name for it, which also names its output folder
+            checkpoint, pretrained = pretrained, None
         if checkpoint is not None and tokenizer is not None:
             raise ValueError(f"tokenizer={tokenizer!r} goes with pretrained=<a GPT>; a checkpoint is read with "
                              f"the tokenizer it recorded")
@@ -103,8 +106,8 @@ class NanoLM(TemplateLM):
         except RuntimeError:
             raise ValueError(f"device {device!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'") from None
         if self._device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} (lm_eval's default is cuda:0) but CUDA is not available: "
-                             f"pass --device cpu")
+            raise ValueError(f"device {device!r} asks for CUDA, which is not available here: pass --device cpu "
+                             f"(lm_eval's own default is cuda:0)")
         if pretrained is None:
             pretrained, tokenizer = load(checkpoint)
         self.model, self.tok = pretrained.to(self._device).eval(), tokenizer
@@ -114,6 +117,8 @@ class NanoLM(TemplateLM):
             self.autocast_dtype = resolve_dtype(dtype, self._device.type)    # ConfigError: float16 off CUDA
         cfg = self.model.cfg
         self.t2mlr, self.max_length = cfg.t2mlr, cfg.block_size
+        if mode != "exact" and not cfg.t2mlr:
+            print(f"nanomesh: mode={mode} has no effect: this is not a T²MLR model", file=sys.stderr)
         stops_on_batch = (mode == "converged" and self.tol > 0) or (mode == "jacobi" and cfg.jacobi_tol > 0)
         if cfg.t2mlr and stops_on_batch:    # a stopping rule over the batch: one request at a time
             self.batch_size = 1
@@ -257,5 +262,8 @@ if __name__ == "__main__":      # lm_eval's command line, with "nanomesh" regist
     from prepare_data import DataError
     try:
         cli_evaluate()
+    except ConnectionError as e:          # the datasets library, offline or a dataset not in its cache
+        sys.exit(f"error: {' '.join(str(e).split())} (a task's data needs the network the first time; "
+                 f"see docs/evaluation.md)")
     except (ValueError, RunError, DataError, ConfigError) as e:
         sys.exit(f"error: {e}")

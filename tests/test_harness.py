@@ -367,8 +367,8 @@ def write_checkpoint(folder, name, tokenizer="byte"):
 
 def test_checkpoint_loading_uses_the_recorded_tokenizer_and_bad_arguments_are_named(tmp_path):
     model = write_checkpoint(tmp_path / "run", "recursive_mesh")
-    for source in (tmp_path / "run", tmp_path / "run" / "ckpt.pt"):     # out_dir or the file
-        lm = NanoLM(checkpoint=str(source), device="cpu")
+    for source in (tmp_path / "run", tmp_path / "run" / "ckpt.pt"):     # out_dir or the file; pretrained=, too
+        lm = NanoLM(**{"checkpoint" if source.is_dir() else "pretrained": str(source)}, device="cpu")
         assert lm.tok.name == "byte" and lm.max_length == BLOCK
         got = lm.loglikelihood(instances("loglikelihood", PAIRS[:2]))
         for (context, continuation), (logprob, _) in zip(PAIRS[:2], got):
@@ -384,7 +384,8 @@ def test_checkpoint_loading_uses_the_recorded_tokenizer_and_bad_arguments_are_na
              (dict(checkpoint=str(tmp_path / "run"), device="gpu"), "device 'gpu' is not one of 'auto'"),
              (dict(checkpoint=str(tmp_path / "run"), modes="jacobi"), "unknown model argument.s. modes"),
              (dict(checkpoint=str(tmp_path / "run"), tokenizer="gpt2"), "tokenizer='gpt2' goes with pretrained"),
-             (dict(pretrained=str(tmp_path / "run"), tokenizer="byte"), "pretrained= takes a GPT object"),
+             (dict(pretrained=str(tmp_path / "run"), tokenizer="byte"), "tokenizer='byte' goes with pretrained"),
+             (dict(pretrained=3, tokenizer=BYTE), "pretrained= takes a GPT object"),
              (dict(), "give checkpoint=")]
     for kwargs, message in cases:
         with pytest.raises(Exception, match=message):
@@ -474,9 +475,16 @@ def test_table1_suite_writes_json_and_markdown_side_by_side_and_resumes(tmp_path
     capsys.readouterr()
     table1.main(argv)                                                # everything stored: nothing rerun
     assert capsys.readouterr().err.count("stored, skipped") == 4
-    table1.main(argv[:1] + argv[2:] + ["--limit", "2", "--shots", "0"])
+    before = (tmp_path / "out" / "table1.json").read_text()
+    with pytest.raises(ValueError, match="mode 'fast'"):                 # a bad option moves nothing
+        table1.main(argv + ["--mode", "fast"])
+    assert (tmp_path / "out" / "table1.json").read_text() == before
+    table1.main(argv[:1] + argv[2:] + ["--limit", "2", "--shots", "0", "--tasks", "tiny_mc,tiny_roll"])
     assert "starting anew" in capsys.readouterr().err
-    assert (tmp_path / "out" / "table1.json.old").is_file()
+    assert (tmp_path / "out" / "table1.json.old").read_text() == before
+    stored = json.loads(before)
+    del stored["runs"][f"{tmp_path / 't2mlr_llama'} | 2-shot"]           # a run not done yet: dashes
+    assert "| " + str(tmp_path / "t2mlr_llama") + " | – | – | – |" in table1.markdown(stored).splitlines()
     assert list(json.loads((tmp_path / "out" / "table1.json").read_text())["runs"]) == \
         [f"{tmp_path / 'vanilla_neox'} | 0-shot"]
 
@@ -490,8 +498,8 @@ if __name__ == "__main__":      # PYTHONPATH=. python tests/test_harness.py: the
             gaps = []
             for dtype in (torch.float32, torch.float64):
                 model = model_of(name, dtype)
-                batched = adapter(model, batch_size=len(PAIRS), mode=mode).loglikelihood(requests)
-                alone = adapter(model, batch_size=1, mode=mode).loglikelihood(requests)
+                batched = adapter(model, batch_size=len(PAIRS), mode=mode).loglikelihood(requests, disable_tqdm=True)
+                alone = adapter(model, batch_size=1, mode=mode).loglikelihood(requests, disable_tqdm=True)
                 gaps.append(max(abs(a[0] - b[0]) for a, b in zip(batched, alone)))
             direct = [direct_loglikelihood(model, c, x)[0] for c, x in PAIRS]
             gap = f"{max(abs(a[0] - d) for a, d in zip(batched, direct)):.1e}" if mode != "jacobi" else "(D < T)"
@@ -504,8 +512,8 @@ if __name__ == "__main__":      # PYTHONPATH=. python tests/test_harness.py: the
             folder = Path(tmp) / case
             train_tokenizer(folder, TEXTS, vocab_size=300)
             hf_model(case, vocab=300).save_pretrained(folder)
-            theirs = HFLM(pretrained=str(folder), device="cpu", batch_size=4, dtype="float32").loglikelihood(hf_requests)
-            ours = NanoLM(checkpoint=f"hf:{folder}", device="cpu", batch_size=5).loglikelihood(hf_requests)
+            theirs = HFLM(pretrained=str(folder), device="cpu", batch_size=4, dtype="float32").loglikelihood(hf_requests, disable_tqdm=True)
+            ours = NanoLM(checkpoint=f"hf:{folder}", device="cpu", batch_size=5).loglikelihood(hf_requests, disable_tqdm=True)
             print(f"hf:{case} vs lm_eval's HFLM (transformers), float32: max |difference| "
                   f"{max(abs(a[0] - b[0]) for a, b in zip(ours, theirs)):.1e} over {len(ours)} requests, "
                   f"greedy flags equal: {[a[1] for a in ours] == [b[1] for b in theirs]}")
