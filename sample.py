@@ -16,7 +16,7 @@ import torch
 from configurator import ConfigError, check_ranges, load_config
 from prepare_data import DataError, get_tokenizer
 from support.accounting import count_middle_passes
-from support.checkpoints import load_model
+from support.checkpoints import load_model, recorded_tokenizer
 from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
 
 
@@ -58,9 +58,7 @@ def main(argv):
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     model, ckpt = load_model(path, device)             # eval mode; generate runs T²MLR exactly (its cache)
     model_cfg = model.cfg
-    if "tokenizer" not in ckpt:          # e.g. an s5_retrieval.py run, which scores itself
-        raise RunError(f"{path} names no tokenizer: it is not a checkpoint of train.py")
-    tokenizer = get_tokenizer(ckpt["tokenizer"])
+    tokenizer = get_tokenizer(recorded_tokenizer(ckpt, path))
     print(f"{path}: step {ckpt['step']}, val loss {ckpt['val_loss']:.4f}", file=sys.stderr)
 
     text = cfg.start

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from configurator import ConfigError, check_ranges, given_values, load_config
 from model import GPT, GPTConfig
 from support.accounting import count_middle_passes, param_counts, train_flops_per_token
-from support.checkpoints import init_weights_from, load_checkpoint, rng_states, state_differences
+from support.checkpoints import init_weights_from, load_checkpoint, recorded_tokenizer, rng_states, state_differences
 from support.data import get_batch, load_meta, step_starts, val_starts
 from support.loop import Trainer, evaluate, make_trainer, optimizer_step, resume, run_steps, save_state
 from support.pretrained import config_from_hf, hf_checkpoint, load_hf_weights
@@ -379,9 +379,7 @@ def setup(argv) -> Run:
             f"{data_dir} holds {meta['tokenizer']} tokens, but a released model reads its own: prepare the "
             f"data with `prepare_data.py --tokenizer {cfg.init_from}`"
         )
-    if resumed and "tokenizer" not in ckpt:             # e.g. an s5_retrieval.py run
-        raise RunError(f"{ckpt_path} names no tokenizer: it is not a checkpoint of train.py")
-    if resumed and ckpt["tokenizer"] != meta["tokenizer"]:
+    if resumed and recorded_tokenizer(ckpt, ckpt_path) != meta["tokenizer"]:
         raise RunError(f"{data_dir} holds {meta['tokenizer']} tokens but the checkpoint was trained on "
                        f"{ckpt['tokenizer']} tokens; resume with the run's dataset")
     # the fixed val windows, dealt out to the ranks; evaluate() sums over ranks

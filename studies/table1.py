@@ -16,6 +16,7 @@ Models are read by support.harness (train.py checkpoints or hf:<hub id or folder
 """
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -51,12 +52,12 @@ def score(results: dict, task: str, metric: str):
     return row[f"{metric},none"], stderr if isinstance(stderr, (int, float)) else None
 
 
-def evaluate(lm, shots: int, limit=None, task_manager=None, tasks=None, perplexities=None):
+def evaluate(lm, shots: int, limit, task_manager, tasks, perplexities):
     """{"acc": {task: [value, stderr]}, "ppl": {task: [value, stderr]}} of one model at `shots` few-shot
-    examples; perplexities only at 0 shots (a rolling perplexity has no few-shot form)."""
+    examples, for `tasks` and `perplexities` shaped as TASKS and PERPLEXITIES; perplexities only at 0 shots
+    (a rolling perplexity has no few-shot form)."""
     import lm_eval
-    tasks = TASKS if tasks is None else tasks
-    perplexities = (PERPLEXITIES if perplexities is None else perplexities) if shots == 0 else {}
+    perplexities = perplexities if shots == 0 else {}
     names = list(dict.fromkeys([*tasks, *perplexities]))
     results = lm_eval.simple_evaluate(model=lm, tasks=names, num_fewshot=shots, limit=limit,
                                       task_manager=task_manager, bootstrap_iters=1000)
@@ -102,17 +103,18 @@ def run(models, out_dir, shots=(0, 5), limit=None, task_manager=None, tasks=None
                 raise ValueError(f"{key}: {e}") from e
             stored["runs"][key] = {**scores, "seconds": round(time.time() - start, 1), **lm.get_model_info()}
             if replaces_old and os.path.isfile(path):     # only now that a new run is there to take its place
-                old = next(f"{path}.old{i or ''}" for i in range(10**6) if not os.path.exists(f"{path}.old{i or ''}"))
+                old = next(name for i in itertools.count(1)
+                           if not os.path.exists(name := f"{path}.old{'' if i == 1 else i}"))
                 os.replace(path, old)
                 print(f"{path} was made with other options: kept as {old}, starting anew", file=sys.stderr)
             replaces_old = False
-            write(stored, out_dir, tasks, perplexities)
+            write(stored, out_dir)
     if os.path.isfile(path):
-        write(stored, out_dir, tasks, perplexities)
+        write(stored, out_dir)
     return stored
 
 
-def write(stored, out_dir, tasks, perplexities):
+def write(stored, out_dir):
     """table1.json (atomically) and table1.md in out_dir."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "table1.json")
@@ -120,15 +122,14 @@ def write(stored, out_dir, tasks, perplexities):
         json.dump(stored, f, indent=1)
     os.replace(path + ".tmp", path)
     with open(os.path.join(out_dir, "table1.md"), "w") as f:
-        f.write(markdown(stored, tasks, perplexities))
+        f.write(markdown(stored))
 
 
-def markdown(stored, tasks=None, perplexities=None) -> str:
-    """Table 1's layout: per shot count a table of models x tasks (accuracy in %, the metric under each column
-    name) with the average of the tasks last; then the perplexities (0-shot). A run not yet done is "–"."""
-    tasks = TASKS if tasks is None else tasks
-    perplexities = PERPLEXITIES if perplexities is None else perplexities
-    limit = stored["options"]["limit"]
+def markdown(stored) -> str:
+    """Table 1's layout for the tasks `stored` was run on: per shot count a table of models x tasks (accuracy
+    in %, the metric under each column name) with the average of the tasks last; then the perplexities
+    (0-shot). A run not yet done is "–"."""
+    tasks, perplexities, limit = (stored["options"][key] for key in ("tasks", "perplexities", "limit"))
     lines = [f"lm-evaluation-harness {stored['lm_eval']}" + (f", first {limit} examples per task" if limit else "")
              + f". `{stored['command']}`" * bool(stored["command"]), ""]
 
@@ -191,18 +192,10 @@ def main(argv=None):
                  command="python -m studies.table1 " + " ".join(argv if argv is not None else sys.argv[1:]),
                  include_path=args.include_path, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
                  mode=args.mode, tol=args.tol)
-    print(markdown(stored, tasks, perplexities))
+    print(markdown(stored))
     print(f"wrote {os.path.join(args.out, 'table1.json')} and table1.md", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    from configurator import ConfigError
-    from prepare_data import DataError
-    from support.runtime import RunError
-    try:
-        main()
-    except ConnectionError as e:          # the datasets library, offline or a dataset not in its cache
-        sys.exit(f"error: {' '.join(str(e).split())} (a task's data needs the network the first time; "
-                 f"see docs/evaluation.md)")
-    except (RunError, ValueError, KeyError, ConfigError, DataError) as e:
-        sys.exit(f"error: {e}")
+    from support.harness import exit_on_error
+    exit_on_error(main)

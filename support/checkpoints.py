@@ -161,6 +161,14 @@ def load_model(path, device="cpu"):
     return model.to(device).eval(), ckpt
 
 
+def recorded_tokenizer(ckpt, path) -> str:
+    """The tokenizer name ("gpt2", "byte", "hf:...") the train.py checkpoint `ckpt` (read from `path`) recorded.
+    Raises RunError when it names none (e.g. an S5 study run, which has its own vocabulary)."""
+    if "tokenizer" not in ckpt:
+        raise RunError(f"{path} names no tokenizer: it is not a checkpoint of train.py")
+    return ckpt["tokenizer"]
+
+
 def init_weights_from(model, path):
     """Load the weights of the checkpoint at `path` into `model`, e.g. a trained vanilla model into a T²MLR
     model of the same shape (a retrofit). Parameters the checkpoint lacks keep their initialisation only if

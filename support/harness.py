@@ -39,7 +39,10 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from prepare_data import get_tokenizer
+from configurator import ConfigError
+from model import GPT
+from prepare_data import DataError, get_tokenizer
+from support.checkpoints import load_model, recorded_tokenizer
 from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
 
 MODES = ("exact", "jacobi", "converged")
@@ -50,15 +53,11 @@ def load(checkpoint: str):
     """(model in eval mode on the CPU, tokenizer) for `checkpoint`: a train.py ckpt.pt (or the out_dir holding
     it), read with the tokenizer it recorded, or "hf:<hub id or folder>", a released Pythia / SmolLM2 with its
     own tokenizer. Raises RunError (a bad checkpoint) or ValueError / DataError (a bad hf: source)."""
-    from support.checkpoints import load_model
     if checkpoint.startswith("hf:"):
-        from model import GPT
         return GPT.from_pretrained(checkpoint[3:]).eval(), get_tokenizer(checkpoint)
     path = os.path.join(checkpoint, "ckpt.pt") if os.path.isdir(checkpoint) else checkpoint
     model, ckpt = load_model(path)
-    if "tokenizer" not in ckpt:           # e.g. an S5 study run, which has its own vocabulary
-        raise RunError(f"{path} names no tokenizer: it is not a checkpoint of train.py")
-    return model, get_tokenizer(ckpt["tokenizer"])
+    return model, get_tokenizer(recorded_tokenizer(ckpt, path))
 
 
 @register_model("nanomesh")
@@ -255,15 +254,19 @@ class NanoLM(TemplateLM):
         return results
 
 
-if __name__ == "__main__":      # lm_eval's command line, with "nanomesh" registered
-    from lm_eval.__main__ import cli_evaluate
-
-    from configurator import ConfigError
-    from prepare_data import DataError
+def exit_on_error(main):
+    """Run main() (this module's and studies/table1.py's command lines); a known error ends the process with
+    one line `error: ...` and exit status 1: a bad argument, checkpoint or tokenizer, or a task's data that the
+    datasets library could not reach."""
     try:
-        cli_evaluate()
+        main()
     except ConnectionError as e:          # the datasets library, offline or a dataset not in its cache
         sys.exit(f"error: {' '.join(str(e).split())} (a task's data needs the network the first time; "
                  f"see docs/evaluation.md)")
-    except (ValueError, RunError, DataError, ConfigError) as e:
+    except (ValueError, KeyError, RunError, DataError, ConfigError) as e:
         sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":      # lm_eval's command line, with "nanomesh" registered
+    from lm_eval.__main__ import cli_evaluate
+    exit_on_error(cli_evaluate)
