@@ -1,23 +1,30 @@
 """
 Checkpoints: plain dicts of tensors and Python values, so torch.load(weights_only=True) reads them, written
-atomically. Every loader (train.py's resume and --init_from=x.pt, sample.py, probe.py, the studies) reads
-them through load_checkpoint, which strips wrapper prefixes and upgrades renamed config fields
+atomically with the one before kept as ckpt.prev.pt (save_checkpoint), so a resume can fall back to it
+(load_resumable). Every loader (train.py's resume and --init_from=x.pt, sample.py, probe.py, the studies)
+reads them through load_checkpoint, which strips wrapper prefixes and upgrades renamed config fields
 (support.compat), and fits the weights through state_differences, which names every tensor that does not
-fit.
+fit. lock_out_dir keeps a second run out of a run's out_dir.
 
 A train.py checkpoint holds: model, optimizer, scaler, step, best_val_loss, val_loss, rng (one entry per
 rank: rng_states), model_config, train_config, tokenizer. The S5 study's: model, optimizer, scaler, step,
 rng, state, model_config, train_config, s5_config (see support.loop).
 """
 
+import contextlib
+import errno
+import fcntl
+import glob
 import os
 import pickle
 import random
+import sys
+import zipfile
 
 import numpy as np
 import torch
 
-from support.compat import upgrade_config
+from support.compat import upgrade_config, upgrade_state_dict
 from support.runtime import RunError
 
 
@@ -60,15 +67,121 @@ def set_rng_states(states, data_gen=None):
 
 
 def save_checkpoint(path, ckpt):
-    """Write ckpt to a temporary file, then rename it over `path`: a process killed mid-write never leaves a
-    truncated ckpt.pt (os.replace is atomic on one file system). fsync before the rename, so that after a
-    machine crash the new name never points at data still in the page cache."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        torch.save(ckpt, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ckpt to `path` so that a crash, a kill or a full disk at any moment leaves a complete checkpoint
+    under `path` or previous_path(path), and `path` only ever holds a complete one.
+
+    It is written to temporary_path(path) (this process's own name) and fsynced, so that after a machine
+    crash the new name never points at data still in the page cache; then the checkpoint now at `path` is
+    kept as previous_path(path) (keep_previous), and the new file is renamed over `path` (os.replace is
+    atomic on one file system). Temporaries that killed writers left beside `path` are removed afterwards.
+    Raises RunError, naming `path` and the cause (e.g. a full disk), when the folder cannot be written or
+    the write fails; the temporary file is then removed and `path` keeps the last good checkpoint."""
+    tmp, sink = temporary_path(path), None
+    try:
+        with open(tmp, "wb") as f:
+            sink = RecordingWriter(f)
+            torch.save(ckpt, sink)
+            f.flush()
+            os.fsync(f.fileno())
+        if zipfile.is_zipfile(path):       # a complete archive (torch.save's format), not a damaged file
+            keep_previous(path)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        # torch's writer reports a failed write as RuntimeError("[enforce fail at inline_container.cc...");
+        # the OSError behind it (ENOSPC, EFBIG, ...) is the one the file object saw
+        cause = getattr(sink, "error", None) or e
+        if os.path.lexists(tmp) and not os.path.isdir(tmp):
+            os.remove(tmp)
+        raise RunError(write_failure(path, cause)) from None
+    remove_stale_temporaries(path)
+
+
+def temporary_path(path, pid=None):
+    """The temporary file save_checkpoint writes before renaming it to `path`: `path`.PID.tmp, PID this
+    process's id (or `pid`), so two processes never write into one temporary file."""
+    return f"{path}.{os.getpid() if pid is None else pid}.tmp"
+
+
+def previous_path(path):
+    """Where save_checkpoint keeps the checkpoint it replaces: out/ckpt.pt -> out/ckpt.prev.pt."""
+    root, ext = os.path.splitext(path)
+    return f"{root}.prev{ext}"
+
+
+def keep_previous(path):
+    """Make previous_path(path) name the file now at `path`: a hard link made under a temporary name and
+    renamed over the previous one, so `path` stays in place and both names always hold a complete file;
+    where the file system has no hard links, `path` itself is renamed (save_checkpoint renames the new
+    checkpoint to `path` right after)."""
+    prev = previous_path(path)
+    link = temporary_path(prev)
+    with contextlib.suppress(FileNotFoundError):     # left by a killed process that had this pid
+        os.remove(link)
+    try:
+        os.link(path, link)
+    except OSError:
+        os.replace(path, prev)
+        return
+    os.replace(link, prev)
+
+
+class RecordingWriter:
+    """A binary file for torch.save that keeps the OSError of a failed write in .error (torch reports it
+    only as a RuntimeError without the cause)."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data):
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self):
+        self.f.flush()
+
+
+# the errors of a write that found no room, in words
+NO_ROOM = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+           errno.EFBIG: "the file is larger than the file system or a size limit (ulimit -f) allows"}
+
+
+def write_failure(path, error) -> str:
+    """The one-line reason why save_checkpoint could not write `path`: the OSError's message (NO_ROOM's words
+    first when the disk is full) or torch's, and which checkpoint is left."""
+    if isinstance(error, OSError):
+        reason = error.strerror or str(error)
+        if error.errno in NO_ROOM:
+            reason = f"{NO_ROOM[error.errno]} ({reason})"
+    else:
+        reason = f"torch.save failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+    kept = next((f"{p} still holds the last good checkpoint" for p in (path, previous_path(path))
+                 if os.path.isfile(p)), "no checkpoint was written")
+    return f"cannot write checkpoint {path}: {reason}; {kept}"
+
+
+def remove_stale_temporaries(path):
+    """Remove the temporary files (temporary_path) that writers of `path` or of its previous_path, now dead,
+    left behind (a process killed mid-write). A live process's file is left alone."""
+    for pattern in (f"{glob.escape(path)}.*.tmp", f"{glob.escape(previous_path(path))}.*.tmp"):
+        for tmp in glob.glob(pattern):
+            pid = tmp[:-len(".tmp")].rsplit(".", 1)[-1]
+            if pid.isdigit() and not process_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
+
+
+def process_alive(pid) -> bool:
+    """Whether a process with id `pid` runs on this machine (signal 0 tests it without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:            # it runs, as another user
+        pass
+    return True
 
 
 def load_checkpoint(path):
@@ -78,18 +191,40 @@ def load_checkpoint(path):
         raise RunError(f"no checkpoint at {path}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    # truncated or foreign files fail in many ways (EOFError, UnpicklingError, ...)
+    # truncated or foreign files fail in many ways (EOFError, UnpicklingError, IndexError, KeyError, ...)
     except Exception as e:
-        # torch's weights-only refusal suggests weights_only=False, which is wrong advice for a foreign file
-        reason = ("not a file of tensors and plain values that torch.save wrote" if isinstance(e, pickle.UnpicklingError)
-                  else str(e).splitlines()[0] if str(e) else "")
-        raise RunError(f"cannot read checkpoint {path}: {type(e).__name__}: {reason}")
+        raise RunError(f"cannot read checkpoint {path}: {unreadable_reason(path, e)}") from None
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict)):
         raise RunError(f"{path} is not a checkpoint of train.py: it has no 'model' state dict")
-    ckpt["model"] = clean_state_dict(ckpt["model"], path)
+    ckpt["model"] = upgrade_state_dict(clean_state_dict(ckpt["model"], path))   # renamed parameters
     if isinstance(ckpt.get("model_config"), dict):       # fields renamed since the checkpoint was written
         ckpt["model_config"] = upgrade_config(ckpt["model_config"])
     return ckpt
+
+
+ZIP_MAGIC, LEGACY_MAGIC = b"PK\x03\x04", b"\x80\x02"   # torch.save's zip archive; its pre-1.6 pickle format
+
+
+def unreadable_reason(path, error) -> str:
+    """Why torch.load raised `error` on the file at `path`, in words: unreadable, empty, a truncated zip
+    archive, not a file torch.save wrote, or one holding more than tensors and plain values; else the
+    error's type and first line."""
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        return "the file is empty"
+    if head == ZIP_MAGIC and not zipfile.is_zipfile(path):
+        return "an incomplete zip archive: the file is truncated (a write or copy that did not finish)"
+    if head != ZIP_MAGIC and not head.startswith(LEGACY_MAGIC):
+        return f"not a file torch.save wrote (those begin with {ZIP_MAGIC!r}, this one with {head!r})"
+    if head == ZIP_MAGIC and not any(name.endswith("/data.pkl") for name in zipfile.ZipFile(path).namelist()):
+        return "a zip archive that torch.save did not write (it holds no data.pkl)"
+    # torch's weights-only refusal suggests weights_only=False, which is wrong advice for a foreign file
+    if isinstance(error, pickle.UnpicklingError):
+        return "UnpicklingError: not a file of tensors and plain values that torch.save wrote"
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'truncated or damaged'}"
 
 
 # Wrapped models save every key with a prefix: torch.compile `_orig_mod.`, DDP and DataParallel `module.`.
@@ -150,15 +285,54 @@ def load_weights(model, state, path):
 
 def load_model(path, device="cpu"):
     """(model in eval mode on device, checkpoint dict) from the train.py checkpoint at `path`, for sample.py
-    and probe.py. Raises RunError when the file is missing, unreadable, or does not fit this model.py."""
+    and probe.py. Raises RunError when the device is not usable here (check_device), or the file is missing,
+    unreadable, lacks its model_config, or does not fit this model.py."""
     from model import GPT, GPTConfig       # here, not at the top: model.py's loaders import this module
+    check_device(device)
     ckpt = load_checkpoint(path)
+    require_keys(ckpt, path, ("model_config",))
     try:
         model = GPT(GPTConfig(**ckpt["model_config"]))
     except (KeyError, TypeError, ValueError) as e:   # a checkpoint from another version or tool
         raise RunError(f"{path} does not fit this model.py: {type(e).__name__}: {' '.join(str(e).split())}")
     load_weights(model, ckpt["model"], path)
     return model.to(device).eval(), ckpt
+
+
+# What train.py's --init_from=resume reads from a checkpoint (support.loop.resume and train.setup)
+RESUME_KEYS = ("model", "optimizer", "step", "best_val_loss", "model_config", "train_config", "tokenizer")
+
+
+def require_keys(ckpt, path, keys):
+    """Raise RunError naming the file `path` and every one of `keys` that the checkpoint dict `ckpt` lacks
+    (e.g. RESUME_KEYS before a resume)."""
+    missing = [k for k in keys if k not in ckpt]
+    if missing:
+        raise RunError(f"{path} lacks {', '.join(missing)}: it is not a complete checkpoint of train.py "
+                       f"(it holds {', '.join(map(str, ckpt)) or 'nothing'})")
+
+
+def load_resumable(path, keys=RESUME_KEYS):
+    """(checkpoint dict, the path it was read from): the checkpoint at `path` (out_dir/ckpt.pt) when it
+    loads and holds `keys`; else the previous one that save_checkpoint kept (previous_path), with a
+    one-line notice on stderr naming both and why. Raises RunError when neither loads: the reason of each."""
+    try:
+        ckpt = load_checkpoint(path)
+        require_keys(ckpt, path, keys)
+        return ckpt, path
+    except RunError as e:
+        prev = previous_path(path)
+        if not os.path.isfile(prev):
+            raise
+        try:
+            ckpt = load_checkpoint(prev)
+            require_keys(ckpt, prev, keys)
+        except RunError as e_prev:
+            raise RunError(f"{e}; and the previous checkpoint: {e_prev}") from None
+        print(f"warning: {e}; resuming from the previous checkpoint {prev} (step {ckpt.get('step', '?')}) "
+              f"instead",
+              file=sys.stderr)
+        return ckpt, prev
 
 
 def recorded_tokenizer(ckpt, path) -> str:
@@ -180,3 +354,51 @@ def init_weights_from(model, path):
     if problems:
         raise RunError(f"cannot initialise from {path}, the architectures differ: " + "; ".join(problems[:5]))
     model.load_state_dict(source, strict=False)
+
+
+def check_device(name):
+    """Raise RunError when the device `name` ('cpu', 'cuda', 'cuda:N', 'mps'; what resolve_device returns)
+    is malformed or not on this machine: no CUDA, no GPU N, no MPS. One line, naming what is valid."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise RunError(f"device {name!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RunError(f"device {name!r} asks for CUDA, which is not available here: choose device 'cpu' "
+                       f"(or 'auto', the best one here)")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise RunError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                       f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise RunError(f"device {name!r} asks for Apple's MPS, which is not available here: choose device "
+                       f"'cpu' (or 'auto', the best one here)")
+
+
+def lock_out_dir(out_dir):
+    """Hold out_dir/.lock (an exclusive fcntl.flock) for as long as the returned open file is: keep it
+    referenced for the whole run. The lock goes with the process however it ends (kill -9 included), so it is
+    never stale. The holder's pid is written into the file. Creates out_dir if needed. Raises RunError when
+    another process holds the lock (naming its pid), or when out_dir is empty ('') or cannot be written."""
+    if not out_dir:
+        raise RunError("out_dir is empty (''): name the folder for the checkpoint and log, e.g. --out_dir=out")
+    path = os.path.join(out_dir, ".lock")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        f = open(path, "a+")
+    except OSError as e:
+        raise RunError(f"cannot write in out_dir {out_dir}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise RunError(f"{out_dir} is in use by another run (pid {holder}, which holds {path}): wait for it to "
+                       f"end, or choose another out_dir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
