@@ -1,7 +1,9 @@
 """
 Data: the flat token files that prepare_data.py writes (data_dir/{train,val}.bin and meta.json), checked
-against meta.json and read through np.memmap in windows of block_size + 1 tokens. train.py draws its
-training windows with step_starts and scores the fixed val_starts; probe.py reads the same val windows.
+against meta.json (load_meta) and the tokenizer's vocabulary (check_token_ids), and read through np.memmap
+in windows of block_size + 1 tokens, each read refusing a file rewritten since it was checked. train.py
+draws its training windows with step_starts and scores the fixed val_starts; probe.py reads the same val
+windows.
 """
 
 import json
@@ -24,11 +26,13 @@ def prepare_command(data_dir, tokenizer=None):
     return f"python prepare_data.py {source}" + (f" --out_dir {parent or '.'}" if parent != "data" else "")
 
 
-def load_meta(data_dir, block_size, tokenizer=None):
-    """Read data_dir/meta.json and check both splits against it.
-    Raises RunError when the folder or meta.json is missing (naming the prepare command), when a .bin
-    file's size disagrees with meta.json (incomplete data), when the vocabulary does not fit the token
-    dtype, or when a split is shorter than block_size + 1."""
+def load_meta(data_dir, block_size, tokenizer=None, needs=()):
+    """Read data_dir/meta.json and check both splits against it; `needs`: the optional fields the caller reads
+    (OPTIONAL_META_FIELDS, e.g. ("tokenizer",) for train.py).
+    Raises RunError when the folder or meta.json is missing (naming the prepare command), when meta.json is
+    not valid JSON or lacks a field (read_meta), when a .bin file's size disagrees with meta.json (incomplete
+    data), when the vocabulary does not fit the token dtype, or when a split is shorter than block_size + 1.
+    Records each .bin file's identity, which get_batch checks (check_unchanged)."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):        # prepare_data.py deletes it first and writes it last
         interrupted = os.path.isdir(data_dir) and any(f.endswith(".tmp") for f in os.listdir(data_dir))
@@ -37,8 +41,7 @@ def load_meta(data_dir, block_size, tokenizer=None):
             + (" (an interrupted prepare_data.py run left *.tmp files)" if interrupted else "")
             + f": prepare the data first with `{prepare_command(data_dir, tokenizer)}`"
         )
-    with open(path) as f:
-        meta = json.load(f)
+    meta = read_meta(path, data_dir, needs)
     itemsize = np.dtype(meta["dtype"]).itemsize
     if meta["vocab_size"] > 2 ** (8 * itemsize):   # ids >= 2**bits would have wrapped around when written
         raise RunError(
@@ -47,7 +50,8 @@ def load_meta(data_dir, block_size, tokenizer=None):
         )
     for split in ("train", "val"):
         bin_path, n = os.path.join(data_dir, f"{split}.bin"), meta[f"{split}_tokens"]
-        size = os.path.getsize(bin_path) if os.path.exists(bin_path) else 0
+        stat = os.stat(bin_path) if os.path.exists(bin_path) else None
+        size = stat.st_size if stat else 0
         if size != n * itemsize:
             raise RunError(
                 f"{bin_path} has {size} bytes but meta.json says {n} tokens x {itemsize} bytes: the data "
@@ -55,7 +59,95 @@ def load_meta(data_dir, block_size, tokenizer=None):
             )
         if n < block_size + 1:          # one window needs block_size inputs plus the next token as target
             raise RunError(f"the {split} split has {n} tokens, fewer than block_size + 1 = {block_size + 1}")
+        CHECKED[os.path.abspath(bin_path)] = file_identity(stat)
     return meta
+
+
+# meta.json's fields: the ones every reader needs, and those prepare_data.py writes that only some readers
+# need (train.py the tokenizer; check_token_ids max_token_id, the largest id in the .bin files, when it is there)
+META_FIELDS = {"vocab_size": int, "dtype": str, "train_tokens": int, "val_tokens": int}
+OPTIONAL_META_FIELDS = {"tokenizer": str, "max_token_id": int}
+
+
+def read_meta(path, data_dir, needs=()) -> dict:
+    """The meta.json at `path` (in data_dir) as a dict with META_FIELDS and the optional fields in `needs` (e.g.
+    "tokenizer"), each of its type (counts >= 0, dtype an unsigned integer type). Raises RunError naming the
+    file and what is wrong (not JSON, a field missing or of another type), with the prepare command that
+    rewrites it."""
+    redo = f"re-run `{prepare_command(data_dir)}`"
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) else f"not valid JSON ({e})"
+        raise RunError(f"cannot read {path}: {reason}; {redo}") from None
+    if not isinstance(meta, dict):
+        raise RunError(f"{path} holds a JSON {type(meta).__name__}, not an object of fields; {redo}")
+    missing = [k for k in [*META_FIELDS, *needs] if k not in meta]
+    if missing:
+        raise RunError(f"{path} lacks {', '.join(missing)}: it is incomplete or not from prepare_data.py; {redo}")
+    fields = {**META_FIELDS, **{k: t for k, t in OPTIONAL_META_FIELDS.items() if k in meta}}
+    for key, kind in fields.items():
+        value = meta[key]
+        bad_int = kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0)
+        if bad_int or not isinstance(value, kind):
+            raise RunError(f"{path}: {key} is {value!r}, not {'an integer >= 0' if kind is int else 'a string'}; "
+                           f"{redo}")
+    try:
+        unsigned = np.dtype(meta["dtype"]).kind == "u"
+    except TypeError:
+        unsigned = False
+    if not unsigned:
+        raise RunError(f"{path}: dtype {meta['dtype']!r} is not an unsigned integer type such as 'uint16' or "
+                       f"'uint32'; {redo}")
+    return meta
+
+
+def check_token_ids(data_dir, meta, vocab_size, chunk=1 << 24):
+    """Raise RunError when data_dir's train.bin or val.bin (described by `meta`, load_meta's dict) holds a
+    token id the tokenizer cannot produce: one >= vocab_size, the size of its vocabulary (meta["vocab_size"]
+    for the tokenizer that made the data). Uses meta's max_token_id when meta.json records it; else scans
+    both files, `chunk` tokens at a time (one pass over the data, about a second per GB from the page cache).
+    The message names the file, the id, its position and vocab_size."""
+    made = f"the {meta['tokenizer']} tokenizer" if "tokenizer" in meta else "this vocabulary"
+    redo = f"the data was not made with {made}; re-run `{prepare_command(data_dir)}`"
+    if "max_token_id" in meta:
+        if meta["max_token_id"] >= vocab_size:
+            raise RunError(f"{os.path.join(data_dir, 'meta.json')} records max_token_id {meta['max_token_id']}, "
+                           f"but the vocabulary has {vocab_size} ids (0 to {vocab_size - 1}): {redo}")
+        return
+    for split in ("train", "val"):
+        path = os.path.join(data_dir, f"{split}.bin")
+        data = np.memmap(path, dtype=meta["dtype"], mode="r")
+        for start in range(0, len(data), chunk):
+            block = data[start:start + chunk]
+            if block.max() >= vocab_size:
+                at = int(np.argmax(block >= vocab_size))
+                raise RunError(f"{path} holds token id {block[at]} at position {start + at}, but the vocabulary "
+                               f"has {vocab_size} ids (0 to {vocab_size - 1}): {redo}")
+
+
+# os.stat identity (file_identity) of every .bin file load_meta checked, by absolute path: get_batch refuses a
+# file that changed since (data rewritten under a running run)
+CHECKED = {}
+
+
+def file_identity(stat):
+    """(size in bytes, mtime in ns, device, inode) of an os.stat result: equal while a file is not rewritten
+    or replaced."""
+    return stat.st_size, stat.st_mtime_ns, stat.st_dev, stat.st_ino
+
+
+def check_unchanged(path, stat):
+    """Raise RunError when the file at `path`, whose os.stat (or fstat) is `stat`, is not the one load_meta
+    checked (CHECKED): another size, or rewritten or replaced. Files load_meta never saw pass."""
+    was = CHECKED.get(os.path.abspath(path))
+    if was is None or was == file_identity(stat):
+        return
+    change = (f"{was[0]} bytes then, {stat.st_size} now" if was[0] != stat.st_size
+              else "the same size, but rewritten or replaced")
+    raise RunError(f"{path} changed since the run checked it ({change}): something rewrote the data under the "
+                   f"run (another prepare_data.py?); restart the run once the data is complete")
 
 
 def random_starts(n_tokens, block_size, batch_size, generator):
@@ -81,10 +173,13 @@ def val_starts(n_tokens, block_size, n_windows):
 
 
 def get_batch(path, dtype, starts, block_size, device):
-    """Inputs x and targets y, both (len(starts), block_size) int64 on device; y is x shifted by one token."""
+    """Inputs x and targets y, both (len(starts), block_size) int64 on device; y is x shifted by one token.
+    Raises RunError when the file at `path` changed since load_meta checked it (check_unchanged)."""
     # Re-open the memmap for every batch to avoid a memory leak, as nanoGPT does:
     # https://stackoverflow.com/questions/45132940/numpy-memmap-memory-usage-want-to-iterate-once/61472122
-    data = np.memmap(path, dtype=dtype, mode="r")
+    with open(path, "rb") as f:
+        check_unchanged(path, os.fstat(f.fileno()))     # the file mapped is the file load_meta checked
+        data = np.memmap(f, dtype=dtype, mode="r")
     x = torch.stack([torch.from_numpy(data[s:s + block_size].astype(np.int64)) for s in starts])
     y = torch.stack([torch.from_numpy(data[s + 1:s + 1 + block_size].astype(np.int64)) for s in starts])
     if device.startswith("cuda"):       # pinned memory lets the copy overlap with compute
