@@ -14,10 +14,10 @@ from typing import Optional
 import torch
 
 from configurator import ConfigError, check_ranges, load_config
-from prepare_data import DataError, get_tokenizer
 from support.accounting import count_middle_passes
-from support.checkpoints import load_model, recorded_tokenizer
+from support.checkpoints import check_device, load_model, recorded_tokenizer
 from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
+from support.tokenizers import DataError, get_tokenizer
 
 
 @dataclass
@@ -52,14 +52,9 @@ def main(argv):
     file) or DataError (the tokenizer cannot load)."""
     (cfg,), _ = load_config(argv, SampleConfig)
     device = resolve_device(cfg.device)
+    check_device(device)
     device_type = device.split(":")[0]
     autocast = autocast_context(device_type, resolve_dtype(cfg.dtype, device_type))
-
-    path = os.path.join(cfg.out_dir, "ckpt.pt")
-    model, ckpt = load_model(path, device)             # eval mode; generate runs T²MLR exactly (its cache)
-    model_cfg = model.cfg
-    tokenizer = get_tokenizer(recorded_tokenizer(ckpt, path))
-    print(f"{path}: step {ckpt['step']}, val loss {ckpt['val_loss']:.4f}", file=sys.stderr)
 
     text = cfg.start
     if text.startswith("FILE:"):
@@ -67,7 +62,18 @@ def main(argv):
             with open(text[5:], encoding="utf-8") as f:
                 text = f.read()
         except OSError as e:
-            raise RunError(f"cannot read prompt file {text[5:]}: {e.strerror}")
+            raise RunError(f"cannot read prompt file {text[5:]}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise RunError(f"prompt file {text[5:]} is not UTF-8 text (byte {e.start} is "
+                           f"{e.object[e.start:e.start + 1]!r}): give a text file") from None
+
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    model, ckpt = load_model(path, device)             # eval mode; generate runs T²MLR exactly (its cache)
+    model_cfg = model.cfg
+    tokenizer = get_tokenizer(recorded_tokenizer(ckpt, path))
+    val_loss = f", val loss {ckpt['val_loss']:.4f}" if isinstance(ckpt.get("val_loss"), float) else ""
+    print(f"{path}: step {ckpt.get('step', '?')}{val_loss}", file=sys.stderr)
+
     ids = tokenizer.encode(text) or [tokenizer.eot]   # the model needs at least one token to condition on
     if len(ids) > model_cfg.block_size:
         print(

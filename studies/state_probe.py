@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from model import InferenceCache
 from studies.probe import validation_sequences
-from support.checkpoints import load_model
+from support.checkpoints import load_model, require_keys
 from support.runtime import RunError
 
 RESET_EVERY = (1, 8, 32, 128)
@@ -145,10 +145,14 @@ def main(argv=None):
     p.add_argument("--data_dir", default=None, help="data folder; default the checkpoint's")
     p.add_argument("--out", default=None, help="output JSON; default state_probe.json beside the checkpoint")
     args = p.parse_args(argv)
+    if args.num_seqs < 1:
+        raise RunError(f"--num_seqs {args.num_seqs} must be >= 1 (validation windows to probe)")
     model, ckpt = load_model(args.checkpoint)
     if model.gate is None:
         raise RunError(f"{args.checkpoint} is not a T²MLR model (t2mlr = False): it carries no state")
-    T = args.seq_len or model.cfg.block_size
+    if args.data_dir is None:       # the checkpoint's own data set
+        require_keys(ckpt, args.checkpoint, ("train_config",))
+    T = model.cfg.block_size if args.seq_len is None else args.seq_len
     if not 2 <= T <= model.cfg.block_size:
         raise RunError(f"--seq_len {T} must be in [2, block_size = {model.cfg.block_size}]")
     reset_at = T // 4 if args.reset_at is None else args.reset_at
