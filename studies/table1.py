@@ -10,8 +10,9 @@ defines (Wikitext word perplexity, LAMBADA-OpenAI and -Standard perplexity of th
 
 Writes OUT/table1.json (every score with lm-eval's standard error, the command, the versions) and
 OUT/table1.md (one table per shot count, tasks as columns and the average last, accuracies in %; one table of
-perplexities). Rerunning with the same OUT skips the (model, shots) runs already stored (see run). The
-Pile perplexity of Table 1 is not here: lm-eval has no Pile validation task whose data is still distributed.
+perplexities). Rerunning with the same OUT skips the (model, shots) runs already stored for the same checkpoint
+and options, and evaluates a checkpoint trained since again (see run). The Pile perplexity of Table 1 is not
+here: lm-eval has no Pile validation task whose data is still distributed.
 Models are read by support.harness (train.py checkpoints or hf:<hub id or folder>; T²MLR in exact mode).
 """
 
@@ -69,31 +70,41 @@ def run(models, out_dir, shots=(0, 5), limit=None, task_manager=None, tasks=None
         command="", include_path=None, batch_size=16, device="auto", dtype="auto", mode="exact", tol=0.0):
     """Evaluate every model (a checkpoint path, out_dir or hf:...) at every shot count, through
     support.harness.NanoLM(batch_size, device, dtype, mode, tol); store each run in out_dir/table1.json and
-    rewrite table1.md as it finishes. A rerun skips the stored runs when the options that change a score
-    (limit, tasks, dtype, mode, tol, include_path, the device type) are the same; otherwise, once the first new
-    run has finished, the old file is kept as table1.json.old (or .old2, ...) and a new one begins. Returns
-    the stored dict. Raises ValueError (a bad argument, or lm_eval's, with the model and shots named)."""
+    rewrite table1.md as it finishes. Without accuracy tasks only the 0-shot run is made (a perplexity has
+    no few-shot form). A rerun skips a stored run when the checkpoint is the one it evaluated (identity) and
+    the options that change a score (limit, tasks, dtype, mode, tol, include_path and its files, the device
+    type, the lm_eval version) are the same. A checkpoint trained further is evaluated again; other options:
+    once the first new run has finished, the old file is kept as table1.json.old (or .old2, ...) and a new one
+    begins. Returns the stored dict. Raises ValueError (a bad argument, or lm_eval's, with the model and shots
+    named)."""
     import lm_eval
     from support.harness import NanoLM
     from support.runtime import resolve_device
     tasks = TASKS if tasks is None else tasks
     perplexities = PERPLEXITIES if perplexities is None else perplexities
+    shots = scored_shots(shots, tasks, perplexities)
     path = os.path.join(out_dir, "table1.json")
     options = json.loads(json.dumps({"limit": limit, "tasks": tasks, "perplexities": perplexities, "dtype": dtype,
                                      "mode": mode, "tol": tol, "include_path": include_path,
-                                     "device_type": resolve_device(device).split(":")[0]}))
+                                     "include_files": include_path and folder_identity(include_path),
+                                     "device_type": resolve_device(device).split(":")[0],
+                                     "lm_eval": lm_eval.__version__}))
     stored = json.load(open(path)) if os.path.isfile(path) else {"options": options, "runs": {}}
     replaces_old = stored.get("options") != options
     if replaces_old:
         stored = {"options": options, "runs": {}}
     stored.update(command=command, lm_eval=lm_eval.__version__, models=list(models), shots=list(shots))
     for model in models:
-        lm = None
+        lm, checkpoint = None, identity(model)        # before the weights are read: a later change is seen
         for k in shots:
             key = f"{model} | {k}-shot"
             if key in stored["runs"]:
-                print(f"{key}: stored, skipped", file=sys.stderr)
-                continue
+                if stored["runs"][key].get("checkpoint") == checkpoint:
+                    print(f"{key}: stored, skipped", file=sys.stderr)
+                    continue
+                was = describe(stored["runs"][key].get("checkpoint"))
+                print(f"{key}: {model} changed since it was evaluated ({was}; now {describe(checkpoint)}): "
+                      f"evaluating it again", file=sys.stderr)
             lm = lm or NanoLM(checkpoint=model, batch_size=batch_size, device=device, dtype=dtype, mode=mode,
                               tol=tol)
             start = time.time()
@@ -101,7 +112,8 @@ def run(models, out_dir, shots=(0, 5), limit=None, task_manager=None, tasks=None
                 scores = evaluate(lm, k, limit, task_manager, tasks, perplexities)
             except ValueError as e:           # e.g. lm_eval: fewer examples than shots ("Sample larger ...")
                 raise ValueError(f"{key}: {e}") from e
-            stored["runs"][key] = {**scores, "seconds": round(time.time() - start, 1), **lm.get_model_info()}
+            stored["runs"][key] = {**scores, "seconds": round(time.time() - start, 1), **lm.get_model_info(),
+                                   "checkpoint": checkpoint}
             if replaces_old and os.path.isfile(path):     # only now that a new run is there to take its place
                 old = next(name for i in itertools.count(1)
                            if not os.path.exists(name := f"{path}.old{'' if i == 1 else i}"))
@@ -114,15 +126,71 @@ def run(models, out_dir, shots=(0, 5), limit=None, task_manager=None, tasks=None
     return stored
 
 
+def scored_shots(shots, tasks, perplexities) -> list:
+    """The shot counts that score something: all of `shots` when there are accuracy tasks, else only 0 (the
+    perplexities' one). Raises ValueError when none is left."""
+    if tasks:
+        return list(shots)
+    if 0 not in shots:
+        raise ValueError(f"{', '.join(perplexities)}: perplexities are scored 0-shot only, and --shots "
+                         f"{','.join(map(str, shots))} has no 0")
+    if list(shots) != [0]:
+        print("perplexities only: they are scored 0-shot, so only --shots 0 runs", file=sys.stderr)
+    return [0]
+
+
+def identity(model: str) -> dict:
+    """What tells one state of `model` from another without reading its weights. A train.py checkpoint (ckpt.pt
+    or its out_dir): its size, mtime (ns) and step (save_checkpoint writes a new file, so a checkpoint trained
+    further differs in mtime). An hf: folder: folder_identity. An hf: hub id: the id (a released model's weights
+    stay). {} for a file that is not there (NanoLM names it)."""
+    if model.startswith("hf:"):
+        return {"files": folder_identity(model[3:])} if os.path.isdir(model[3:]) else {"hub_id": model[3:]}
+    path = os.path.join(model, "ckpt.pt") if os.path.isdir(model) else model
+    if not os.path.isfile(path):
+        return {}
+    stat = os.stat(path)
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "step": recorded_step(path)}
+
+
+def recorded_step(path):
+    """The step the checkpoint at `path` records, read without loading its tensors (torch.load with mmap);
+    None when it records none or cannot be read so (NanoLM reports a bad file)."""
+    import torch
+    try:
+        step = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("step")
+    except Exception:       # a damaged or foreign file: the evaluation's load names what is wrong
+        return None
+    return step if isinstance(step, int) else None
+
+
+def folder_identity(folder) -> dict:
+    """{path relative to folder: [size, mtime in ns]} of every file under `folder`: it changes when a file is
+    edited, added or removed."""
+    files = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            stat = os.stat(os.path.join(root, name))
+            files[os.path.relpath(os.path.join(root, name), folder)] = [stat.st_size, stat.st_mtime_ns]
+    return dict(sorted(files.items()))
+
+
+def describe(checkpoint) -> str:
+    """An identity() in words, for the rerun notice: the step and when the file was written."""
+    if not checkpoint or "mtime_ns" not in checkpoint:
+        return "no checkpoint recorded" if not checkpoint else "other files"
+    written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(checkpoint["mtime_ns"] / 1e9))
+    return f"step {checkpoint['step']}, written {written}"
+
+
 def write(stored, out_dir):
-    """table1.json (atomically) and table1.md in out_dir."""
+    """table1.json and table1.md in out_dir, each atomically (a temporary file renamed over it)."""
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "table1.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(stored, f, indent=1)
-    os.replace(path + ".tmp", path)
-    with open(os.path.join(out_dir, "table1.md"), "w") as f:
-        f.write(markdown(stored))
+    for name, text in (("table1.json", json.dumps(stored, indent=1)), ("table1.md", markdown(stored))):
+        path = os.path.join(out_dir, name)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
 
 
 def markdown(stored) -> str:
@@ -140,7 +208,7 @@ def markdown(stored) -> str:
         average = f" {sum(values) / len(values):.2f} |" if kind == "acc" else ""
         return f"| {model} | " + " | ".join(f"{v:.2f}" for v in values) + " |" + average
 
-    for k in stored["shots"]:
+    for k in stored["shots"] if tasks else []:       # perplexities only: no accuracy table
         lines += [f"**{k}-shot** (%)", "",
                   "| model | " + " | ".join(f"{col} ({metric})" for col, metric in tasks.values()) + " | Avg. |",
                   "|---" * (len(tasks) + 2) + "|"]
@@ -197,5 +265,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from support.harness import exit_on_error
+    from support.harness import exit_on_error, offline_when_unreachable
+    offline_when_unreachable()
     exit_on_error(main)

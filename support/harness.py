@@ -28,7 +28,10 @@ How a request becomes a forward pass:
 
 import math
 import os
+import socket
 import sys
+import urllib.parse
+import urllib.request
 from contextlib import nullcontext
 
 import torch
@@ -39,11 +42,11 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from configurator import ConfigError
+from support.config import ConfigError
 from model import GPT
-from prepare_data import DataError, get_tokenizer
-from support.checkpoints import load_model, recorded_tokenizer
+from support.checkpoints import check_device, load_model, recorded_tokenizer
 from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
+from support.tokenizers import DataError, get_tokenizer
 
 MODES = ("exact", "jacobi", "converged")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
@@ -101,12 +104,11 @@ class NanoLM(TemplateLM):
             raise ValueError(f"batch_size {batch_size!r} is not an integer >= 1 ('auto' is not supported)")
         self.mode, self.batch_size = mode, int(batch_size)
         try:
-            self._device = torch.device(resolve_device(device))
-        except RuntimeError:
-            raise ValueError(f"device {device!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'") from None
-        if self._device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asks for CUDA, which is not available here: pass --device cpu "
-                             f"(lm_eval's own default is cuda:0)")
+            check_device(resolve_device(device))
+        except RunError as e:       # malformed, or not on this machine
+            default = " (lm_eval's own default; pass --device cpu)" if device == "cuda:0" else ""
+            raise ValueError(f"{e}{default}") from None
+        self._device = torch.device(resolve_device(device))
         if pretrained is None:
             pretrained, tokenizer = load(checkpoint)
         self.model, self.tok = pretrained.to(self._device).eval(), tokenizer
@@ -256,17 +258,56 @@ class NanoLM(TemplateLM):
 
 def exit_on_error(main):
     """Run main() (this module's and studies/table1.py's command lines); a known error ends the process with
-    one line `error: ...` and exit status 1: a bad argument, checkpoint or tokenizer, or a task's data that the
-    datasets library could not reach."""
+    one line `error: ...` and exit status 1: a bad argument, checkpoint or tokenizer, a task's data that the
+    datasets library could not reach, or a file that cannot be read or written (e.g. a task's local data)."""
     try:
         main()
     except ConnectionError as e:          # the datasets library, offline or a dataset not in its cache
         sys.exit(f"error: {' '.join(str(e).split())} (a task's data needs the network the first time; "
                  f"see docs/evaluation.md)")
-    except (ValueError, KeyError, RunError, DataError, ConfigError) as e:
-        sys.exit(f"error: {e}")
+    except (ValueError, KeyError, RunError, DataError, ConfigError, OSError) as e:
+        sys.exit(f"error: {' '.join(str(e).split())}")
+
+
+TRUE = {"1", "ON", "YES", "TRUE"}       # what huggingface_hub and datasets read as a true environment variable
+
+
+def offline_when_unreachable(timeout=3.0) -> bool:
+    """Put huggingface_hub and datasets in offline mode (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE) when the hub
+    does not take a TCP connection within `timeout` seconds (hub_address), so a task's data or a model that
+    is not in the local caches fails at once with one line, not after half a minute of retries. Call it
+    before a task is loaded; nothing happens when offline mode is already set. Returns whether it switched."""
+    from huggingface_hub import constants
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE", "").upper() in TRUE:
+        return False
+    host, port = hub_address()
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return False
+    except OSError:                       # no such host, refused, or no answer in time
+        pass
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"    # for datasets, imported later
+    constants.HF_HUB_OFFLINE = True
+    if "datasets" in sys.modules:         # already imported: it read the environment then
+        import datasets.config
+        datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+    print(f"nanomesh: the Hugging Face hub ({host}:{port}) is unreachable: offline, from the local caches only",
+          file=sys.stderr)
+    return True
+
+
+def hub_address():
+    """(host, port) that a request to the hub (HF_ENDPOINT, default https://huggingface.co) connects to
+    first: the HTTPS proxy when one is set for it, else the hub itself."""
+    from huggingface_hub import constants
+    hub = urllib.parse.urlsplit(constants.ENDPOINT)
+    proxy = urllib.request.getproxies().get("https")
+    if proxy and not urllib.request.proxy_bypass(hub.hostname):
+        hub = urllib.parse.urlsplit(proxy if "//" in proxy else "//" + proxy)
+    return hub.hostname, hub.port or (443 if hub.scheme in ("https", "") else 80)
 
 
 if __name__ == "__main__":      # lm_eval's command line, with "nanomesh" registered
     from lm_eval.__main__ import cli_evaluate
+    offline_when_unreachable()
     exit_on_error(cli_evaluate)
