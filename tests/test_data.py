@@ -1,5 +1,7 @@
 """
-Tests for prepare_data.py: CPU only, offline, a few seconds.   Run: python -m pytest -q tests/test_data.py
+Tests for prepare_data.py and support/tokenizers.py: CPU only, offline, a few seconds.
+
+    python -m pytest -q tests/test_data.py
 
 The GPT-2 tests use the offline tiktoken cache and the real FineWeb sample in ../shared (the repository is
 cloned with `shared` beside it); they are skipped, with the reason, when that folder is missing.
@@ -25,7 +27,8 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ:  # before the first tiktoken.get_enco
     os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken_cache")
 
 import prepare_data as pd  # noqa: E402  (after the environment variable is set)
-from prepare_data import DataError, get_tokenizer, main  # noqa: E402
+from prepare_data import main  # noqa: E402
+from support.tokenizers import ByteTokenizer, DataError, get_tokenizer  # noqa: E402
 
 FINEWEB = SHARED / "data" / "fineweb_edu"
 needs_fineweb = pytest.mark.skipif(not FINEWEB.is_dir(), reason=f"shared data folder missing: {FINEWEB}")
@@ -140,7 +143,7 @@ def test_storage_dtype_and_uint16_guard():
 
 
 def test_pipeline_refuses_ids_that_would_wrap(tmp_path, monkeypatch):
-    class WrapTokenizer(pd.ByteTokenizer):  # claims a small vocabulary but emits a too-large id
+    class WrapTokenizer(ByteTokenizer):  # claims a small vocabulary but emits a too-large id
         def encode_batch(self, texts, num_threads=None):
             return [[1, 65536 + 5] for _ in texts]
     monkeypatch.setattr(pd, "get_tokenizer", lambda name: WrapTokenizer())
@@ -149,6 +152,24 @@ def test_pipeline_refuses_ids_that_would_wrap(tmp_path, monkeypatch):
         main(["--input", str(src), "--out_dir", str(tmp_path / "out"), "--num_proc", "1"])
     assert not (tmp_path / "out" / "x" / "meta.json").exists()
     assert not (tmp_path / "out" / "x" / "train.bin").exists()
+
+
+@pytest.mark.parametrize("val_fraction", [0.3, 1e-6])  # 1e-6: val is the smallest-hash document
+def test_meta_max_token_id_is_the_largest_id_in_the_files(tmp_path, monkeypatch, val_fraction):
+    class ShiftedBytes(ByteTokenizer):  # EOT is id 0 and byte b is id b + 1: the largest id is a text's
+        eot = 0
+
+        def encode_batch(self, texts, num_threads=None):
+            return [[b + 1 for b in t.encode("utf-8")] for t in texts]
+    monkeypatch.setattr(pd, "get_tokenizer", lambda name: ShiftedBytes())
+    texts = synthetic_texts(30, seed=3)
+    src = write_jsonl(tmp_path / "in.jsonl", texts)
+    meta, folder = run(tmp_path / "out", "--input", src, "--tokenizer", "byte", "--val_fraction",
+                       val_fraction, "--num_proc", 1)
+    assert meta["val_docs"] >= 1 and meta["train_docs"] >= 1
+    written = np.concatenate([load_split(folder, "train"), load_split(folder, "val")])
+    assert json.loads((folder / "meta.json").read_text())["max_token_id"] == written.max()
+    assert meta["max_token_id"] == max(max(t.encode("utf-8")) for t in texts) + 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,8 +29,8 @@ from lm_eval.api.instance import Instance               # noqa: E402
 from lm_eval.tasks import TaskManager                   # noqa: E402
 
 from model import GPT, GPTConfig                        # noqa: E402
-from prepare_data import get_tokenizer                  # noqa: E402
 from support.harness import NanoLM                      # noqa: E402
+from support.tokenizers import get_tokenizer            # noqa: E402
 from test_equivalence import VARIANTS, build            # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
