@@ -213,8 +213,8 @@ def gate_direct(gate, x, r):
     r~ = W_p r, g = [x ; r~], [a_r; a_x] = σ(A g + b), x' = x + tanh(θ_r) a_r ⊙ r~ + tanh(θ_x) a_x ⊙ x,
     with A assembled from the stored x and r~ columns. x, r: (B, T, C) -> (B, T, C)."""
     r = gate.proj(r)
-    A = torch.cat([gate.gates_x.weight, gate.gates_r.weight], dim=1)           # (2C, 2C) acting on [x ; r~]
-    a_r, a_x = torch.sigmoid(torch.cat([x, r], dim=-1) @ A.T + gate.gates_x.bias).chunk(2, dim=-1)
+    A = torch.cat([gate.A_on_x.weight, gate.A_on_r.weight], dim=1)           # (2C, 2C) acting on [x ; r~]
+    a_r, a_x = torch.sigmoid(torch.cat([x, r], dim=-1) @ A.T + gate.A_on_x.bias).chunk(2, dim=-1)
     return x + torch.tanh(gate.theta_r) * a_r * r + torch.tanh(gate.theta_x) * a_x * x
 
 
@@ -363,7 +363,7 @@ def test_middle_step_gate_equals_the_direct_form():
     model = identity_middle(build(**VARIANTS["t2mlr_llama"]))
     x, r = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     recurrent = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool).unsqueeze(-1)
-    h, _ = model.middle_step(x, r, recurrent_tokens=recurrent, x_part=model.gate.gates_x(x))
+    h, _ = model.middle_step(x, r, recurrent_tokens=recurrent, x_part=model.gate.A_on_x(x))
     want = torch.where(recurrent, gate_direct(model.gate, x, r), x)
     assert (h - want).abs().max() <= 1e-14 and (h - x)[recurrent.expand_as(x)].abs().min() > 0
 

@@ -62,9 +62,9 @@ def train_flops_per_token(model: GPT, T: Optional[int] = None) -> float:
         if cfg.jacobi_init == "plain":     # the plain start's middle pass runs no gate
             fwd, bwd = fwd - 1, bwd - (cfg.jacobi_grad_sweeps >= cfg.jacobi_sweeps)
         gate = model.gate
-        per_pass = sum(p.numel() for p in (*gate.proj.parameters(), *gate.gates_r.parameters()))
+        per_pass = sum(p.numel() for p in (*gate.proj.parameters(), *gate.A_on_r.parameters()))
         flops += (fwd + 2 * bwd) * 2 * per_pass                                   # W_p and the r half, every sweep
-        flops += 6 * sum(p.numel() for p in gate.gates_x.parameters())            # the x half once
+        flops += 6 * sum(p.numel() for p in gate.A_on_x.parameters())            # the x half once
     if model.mesh is not None:
         flops += 6 * sum(p.numel() for p in model.mesh.parameters())
     return flops + 6 * cfg.n_embd * cfg.vocab_size

@@ -57,7 +57,7 @@ def test_gate_groups_run_at_m_times_the_schedule_through_warmup_and_decay():
     names = group_names(model, trainer.optimizer)
     boosted = [n for n, g in zip(names, groups) if g["lr_scale"] == 5.0]
     assert set().union(*boosted) == gate_names(model) == {
-        "gate.proj.weight", "gate.gates_x.weight", "gate.gates_x.bias", "gate.gates_r.weight", "gate.theta_r",
+        "gate.proj.weight", "gate.A_on_x.weight", "gate.A_on_x.bias", "gate.A_on_r.weight", "gate.theta_r",
         "gate.theta_x"}
     assert all(not (n & gate_names(model)) for n, g in zip(names, groups) if g["lr_scale"] == 1.0)
     assert sum(len(n) for n in names) == len(list(model.named_parameters()))     # every parameter once
@@ -139,9 +139,9 @@ def gate_grads(model, x):
     model(x, x, mode="exact")[1].backward()
     C = model.cfg.n_embd
     g = model.gate
-    return {"W_p": g.proj.weight.grad, "A_r": torch.cat([g.gates_x.weight.grad[:C], g.gates_r.weight.grad[:C]], 1),
-            "b_r": g.gates_x.bias.grad[:C], "A_x": torch.cat([g.gates_x.weight.grad[C:], g.gates_r.weight.grad[C:]], 1),
-            "b_x": g.gates_x.bias.grad[C:], "theta_r": g.theta_r.grad, "theta_x": g.theta_x.grad}
+    return {"W_p": g.proj.weight.grad, "A_r": torch.cat([g.A_on_x.weight.grad[:C], g.A_on_r.weight.grad[:C]], 1),
+            "b_r": g.A_on_x.bias.grad[:C], "A_x": torch.cat([g.A_on_x.weight.grad[C:], g.A_on_r.weight.grad[C:]], 1),
+            "b_x": g.A_on_x.bias.grad[C:], "theta_r": g.theta_r.grad, "theta_x": g.theta_x.grad}
 
 
 def test_at_theta_r_zero_A_r_gets_no_gradient_and_W_p_only_through_the_x_gate():

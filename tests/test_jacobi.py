@@ -78,12 +78,12 @@ def fixed_d_logits(model, idx, control=None):
     cfg = model.cfg
     grad = torch.is_grad_enabled()
     x = lower_output(model, idx)
-    gates_x, recurrent = model.gate.gates_x(x), None if control is None else (control > 1).unsqueeze(-1)
+    x_part, recurrent = model.gate.A_on_x(x), None if control is None else (control > 1).unsqueeze(-1)
     state = torch.zeros_like(x)
     for d in range(cfg.jacobi_sweeps - 1):
         with torch.set_grad_enabled(grad and cfg.jacobi_sweeps - 1 - d <= cfg.jacobi_grad_sweeps):
-            state = shift(model.middle_step(x, state, recurrent_tokens=recurrent, x_part=gates_x)[1])
-    return logits_from_state(model, x, state, gates_x, recurrent)
+            state = shift(model.middle_step(x, state, recurrent_tokens=recurrent, x_part=x_part)[1])
+    return logits_from_state(model, x, state, x_part, recurrent)
 
 
 def sweep_changes(model, idx, sweeps):
@@ -131,7 +131,7 @@ def test_tol_stop_is_within_the_bound_it_implies(tol):
         logits = model(idx, mode="jacobi")[0]
         # k sweeps + the final pass, which started from R^(k)
         assert model.passes.n == k + 1 < T
-        assert torch.equal(logits, logits_from_state(model, x, states[k], model.gate.gates_x(x)))
+        assert torch.equal(logits, logits_from_state(model, x, states[k], model.gate.A_on_x(x)))
     # Δ_{k+1}, Δ_{k+2}, ...
     deltas = [(b - a).abs().max().item() for a, b in zip(states[k:], states[k + 1:])]
     # float64 rounding of O(1) states: ratios below it are noise
@@ -282,8 +282,8 @@ def test_plain_start_is_the_shifted_unmixed_middle_pass():
     with torch.no_grad():
         x = lower_output(model, idx)
         start = shift(model.run_layers(x, model.middle, 0))                            # R^(0)
-        want = logits_from_state(model, x, start, model.gate.gates_x(x))
-        zero = logits_from_state(model, x, torch.zeros_like(x), model.gate.gates_x(x))
+        want = logits_from_state(model, x, start, model.gate.A_on_x(x))
+        zero = logits_from_state(model, x, torch.zeros_like(x), model.gate.A_on_x(x))
         assert torch.equal(model(idx, mode="jacobi")[0], want) and model.passes.n == 2
     assert (want - zero)[:, 1:].abs().max() > 1e-6                                  # the start matters
 

@@ -50,7 +50,8 @@ def model_numbers():
     lines, spans = code_lines(source)
     ideas = {n for name in IDEAS for n in spans[name]} & lines
     return {"lines": len(source.splitlines()), "code": len(lines), "ideas": len(ideas),
-            "ideas_share": len(ideas) / len(lines)}
+            "ideas_share": len(ideas) / len(lines),
+            "long_lines": [n for n, line in enumerate(source.splitlines(), 1) if len(line) > 100]}
 
 
 def test_code_lines_counts_code_not_comments_or_docstrings():
@@ -63,6 +64,10 @@ def test_model_py_is_the_model_with_the_ideas_at_its_centre():
     numbers = model_numbers()
     assert numbers["lines"] <= 700, numbers
     assert numbers["ideas_share"] >= 0.35, numbers
+
+
+def test_no_model_py_line_is_over_100_characters():
+    assert model_numbers()["long_lines"] == [], "model.py lines (numbers) over 100 characters"
 
 
 def top_level_py():
@@ -96,6 +101,6 @@ def test_readme_is_short_and_every_local_link_resolves():
 if __name__ == "__main__":
     numbers = model_numbers()
     print(f"model.py: {numbers['lines']} lines, {numbers['code']} code lines, the ideas {numbers['ideas']} "
-          f"= {100 * numbers['ideas_share']:.1f}%")
+          f"= {100 * numbers['ideas_share']:.1f}%, {len(numbers['long_lines'])} lines over 100 characters")
     print(f"README.md: {len((ROOT / 'README.md').read_text().splitlines())} lines")
     print(f"top-level .py: {', '.join(top_level_py())}")

@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import model as model_module
-from model import GPT, GPTConfig
-from support.checks import parse_layout
+from model import GPT, GPTConfig, parse_layout
 from support.accounting import layer_passes, param_counts, train_flops_per_token
 from support.loop import configure_optimizers
 
@@ -124,9 +123,9 @@ def test_flop_accounting_counts_unrolled_depth_and_sweeps():
     plain = GPT(GPTConfig(**TINY, n_layer=4))
     layer = train_flops_per_token(plain) - train_flops_per_token(GPT(GPTConfig(**TINY, n_layer=3)))
     # W_p and the r half: every pass
-    per_pass = t2mlr.gate.proj.weight.numel() + t2mlr.gate.gates_r.weight.numel()
+    per_pass = t2mlr.gate.proj.weight.numel() + t2mlr.gate.A_on_r.weight.numel()
     # the x half: once per forward
-    once = t2mlr.gate.gates_x.weight.numel() + t2mlr.gate.gates_x.bias.numel()
+    once = t2mlr.gate.A_on_x.weight.numel() + t2mlr.gate.A_on_x.bias.numel()
     expected = (train_flops_per_token(plain) + 2 * (5 - 1 + 2 * (3 - 1)) * layer / 3
                 + 2 * (5 + 2 * 3) * per_pass + 6 * once)
     assert train_flops_per_token(t2mlr) == pytest.approx(expected)
@@ -257,9 +256,9 @@ def test_t2mlr_gate_initialisation():
     )
     gate = model.gate
     assert gate.theta_r.item() == 0 and gate.theta_x.item() == 0
-    for weight in (gate.gates_x.weight, gate.gates_r.weight):
+    for weight in (gate.A_on_x.weight, gate.A_on_r.weight):
         assert abs(weight.std().item() / math.sqrt(2 / (3 * C)) - 1) < 0.02
-    bias = gate.gates_x.bias
+    bias = gate.A_on_x.bias
     assert bias.abs().max() <= 1 / math.sqrt(2 * C) and bias.std() > 0.5 / math.sqrt(6 * C)
     W_p = gate.proj.weight
     assert W_p.abs().max() <= 1 / math.sqrt(C) and W_p.std() > 0.9 / math.sqrt(3 * C)
@@ -329,7 +328,7 @@ def test_reference_initialisation_has_the_reference_statistics():
     assert abs(ref.layers[0].mlp.down.weight.std().item() / 0.02 - 1) < 0.03        # not depth-scaled
     ours_std = math.sqrt(2 / (5 * 256)) / math.sqrt(2 * 4)                       # ours: depth-scaled, 0.014
     assert abs(ours.layers[0].mlp.down.weight.std().item() / ours_std - 1) < 0.03
-    assert torch.equal(ref.gate.theta_r, torch.zeros(1)) and ref.gate.gates_x.weight.std() > 0.04
+    assert torch.equal(ref.gate.theta_r, torch.zeros(1)) and ref.gate.A_on_x.weight.std() > 0.04
     idx = torch.randint(0, 512, (2, 8))
     seen = []
     ref.layers[0].register_forward_pre_hook(lambda m, args: seen.append(args[0]))
@@ -347,14 +346,14 @@ def test_gate_initialisation_options():
                 t2mlr=True)
     torch.manual_seed(0)
     half = GPT(GPTConfig(**base, gate_bias_prob=0.5)).gate
-    assert torch.equal(half.gates_x.bias, torch.zeros(2 * C))
+    assert torch.equal(half.A_on_x.bias, torch.zeros(2 * C))
     skewed = GPT(GPTConfig(**base, gate_bias_prob=0.9)).gate
-    assert torch.allclose(skewed.gates_x.bias, torch.full((2 * C,), math.log(9.0)))
+    assert torch.allclose(skewed.A_on_x.bias, torch.full((2 * C,), math.log(9.0)))
     default = GPT(GPTConfig(**base)).gate
-    assert default.gates_x.bias.std() > 0 and default.gates_x.bias.abs().max() <= 1 / math.sqrt(2 * C)
+    assert default.A_on_x.bias.std() > 0 and default.A_on_x.bias.abs().max() <= 1 / math.sqrt(2 * C)
     for gain in (1.0, 1e-2):
         gate = GPT(GPTConfig(**base, gate_weight_gain=gain)).gate
-        std = torch.cat([gate.gates_x.weight.flatten(), gate.gates_r.weight.flatten()]).std().item()
+        std = torch.cat([gate.A_on_x.weight.flatten(), gate.A_on_r.weight.flatten()]).std().item()
         assert std == pytest.approx(gain * math.sqrt(2 / (3 * C)), rel=0.02), gain
 
 

@@ -151,9 +151,9 @@ def test_every_parameter_gets_a_gradient(arch):
     else:   # the gate starts as an exact identity, tanh(θ) = 0 times its other weights: only θ moves at first
         assert zero_grads() == [
             "gate.proj.weight",
-            "gate.gates_x.weight",
-            "gate.gates_x.bias",
-            "gate.gates_r.weight",
+            "gate.A_on_x.weight",
+            "gate.A_on_x.bias",
+            "gate.A_on_r.weight",
         ]
         with torch.no_grad():
             model.gate.theta_r.fill_(0.5), model.gate.theta_x.fill_(0.5)
