@@ -21,10 +21,7 @@ import types
 import typing
 
 from support.compat import RENAMED_FIELDS
-
-
-class ConfigError(ValueError):
-    """A bad config key or value; the scripts print it as one line `error: ...` and exit non-zero."""
+from support.config import ConfigError, check_ranges  # noqa: F401 (the scripts import them from here too)
 
 
 def _coerce(key, value, tp, where):
@@ -105,11 +102,18 @@ def load_config(argv, *classes, skip_unknown=False, defer=()):
         )
     overrides = [{} for _ in classes]
 
+    spellings = {}                            # key -> {the name it was given under: (value, where)}
+
     def assign(key, value, where, raw=None):
+        name = key
         if key in RENAMED_FIELDS and RENAMED_FIELDS[key] in owner:    # an old name: read under the new one
             print(f"note: config key '{key}' in {where} is now called '{RENAMED_FIELDS[key]}' (the same "
                   f"setting)", file=sys.stderr)
             key = RENAMED_FIELDS[key]
+        spellings.setdefault(key, {})[name] = (value, where)
+        if len(spellings[key]) > 1 and len({repr(v) for v, _ in spellings[key].values()}) > 1:
+            given = " and ".join(f"{n}={v!r} ({w})" for n, (v, w) in spellings[key].items())
+            raise ConfigError(f"{given} name one setting with two values: give it once")
         if key not in owner:
             close = difflib.get_close_matches(key, owner, n=1, cutoff=0.8 if skip_unknown else 0.6)
             if skip_unknown and not close:
@@ -167,34 +171,3 @@ def given_values(given, *instances) -> dict:
     return {
         f.name: getattr(cfg, f.name) for cfg in instances for f in dataclasses.fields(cfg) if f.name in given
     }
-
-
-def check_ranges(cfg, ranges):
-    """Raise ValueError for the first field of the dataclass instance `cfg` outside its range, naming the
-    value and the range, e.g. "rope_pct = 1.5 must be in [0, 1]".
-
-    ranges: {field: range}, a range being '>= a', '> a', '[a, b]', '[a, b)', '(a, b]' or '(a, b)'.
-    None passes (an Optional field left to its default; the message then says "or None"); nan and
-    ±inf never pass.
-    """
-    for name, valid in ranges.items():
-        value = getattr(cfg, name)
-        if value is None:
-            continue
-        finite = not isinstance(value, float) or math.isfinite(value)
-        if not (finite and _within(value, valid)):
-            optional = next(f for f in dataclasses.fields(cfg) if f.name == name).default is None
-            raise ValueError(f"{name} = {value!r} must be {'' if finite else 'finite and '}"
-                             f"{'in ' if valid[0] in '[(' else ''}{valid}{' or None' if optional else ''}")
-
-
-def _within(value, valid):
-    """Whether the number `value` lies in the range `valid` (see check_ranges)."""
-    if valid.startswith(">"):
-        op, bound = valid.split()
-        bound = ast.literal_eval(bound)
-        return value >= bound if op == ">=" else value > bound
-    low, high = (ast.literal_eval(bound.strip()) for bound in valid[1:-1].split(","))
-    return (low <= value if valid[0] == "[" else low < value) and (
-        value <= high if valid[-1] == "]" else value < high
-    )

@@ -436,7 +436,7 @@ class GPT(nn.Module):
             return logits, None
         # the loss in float32 at least (bf16 logits under autocast), float64 for a float64 model
         flat = logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, 1)
-        return logits, F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
+        return logits, F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)   # any strides
 
     def rotary(self, dtype, device, pos: int, T: int):
         """The rotary tables (cos, sin), each (T, 1, rot_dim), of positions pos..pos+T-1 for a

@@ -15,8 +15,8 @@ import torch
 
 from configurator import ConfigError, check_ranges, load_config
 from support.accounting import count_middle_passes
-from support.checkpoints import check_device, load_model, recorded_tokenizer
-from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
+from support.checkpoints import load_model, recorded_tokenizer
+from support.runtime import RunError, autocast_context, check_device, resolve_device, resolve_dtype
 from support.tokenizers import DataError, get_tokenizer
 
 

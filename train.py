@@ -13,32 +13,35 @@ From SmolLM2:      python train.py config/smollm2_135m_retrofit.py
                    (--init_from=hf:HuggingFaceTB/SmolLM2-135M)
 Every key:         python train.py --help
 
-Writes out_dir/ckpt.pt (the latest state, written atomically at every evaluation) and appends one JSON
-row per log or evaluation step to out_dir/log.jsonl.
+Writes out_dir/ckpt.pt at every evaluation (atomically; the one before kept as ckpt.prev.pt) and a JSON row
+per log or evaluation step to out_dir/log.jsonl. One run at a time holds an out_dir (out_dir/.lock).
 """
 
-import json
+import math
 import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm import tqdm
 
 from configurator import ConfigError, check_ranges, given_values, load_config
 from model import GPT, GPTConfig
-from support.accounting import count_middle_passes, param_counts, train_flops_per_token
-from support.checkpoints import init_weights_from, load_checkpoint, recorded_tokenizer, rng_states, state_differences
-from support.data import get_batch, load_meta, step_starts, val_starts
-from support.loop import Trainer, evaluate, make_trainer, optimizer_step, resume, run_steps, save_state
+from support.accounting import count_middle_passes
+from support.checkpoints import (RESUME_KEYS, init_weights_from, load_checkpoint, load_resumable, lock_out_dir,
+                                 recorded_tokenizer, refuse_if_locked, require_keys, rng_states,
+                                 state_differences)
+from support.data import check_token_ids, get_batch, load_meta, step_starts, val_starts
+from support.loop import evaluate, get_lr, make_trainer, resume, save_state
 from support.pretrained import config_from_hf, hf_checkpoint, load_hf_weights
-from support.runtime import RunError, peak_flops, resolve_device, resolve_dtype
+from support.runlog import RunLog
+from support.runtime import RunError, resolve_device, resolve_dtype
 
 
 # -----------------------------------------------------------------------------
@@ -49,8 +52,6 @@ from support.runtime import RunError, peak_flops, resolve_device, resolve_dtype
 class TrainConfig:
     # I/O
     out_dir: str = "out"                  # ckpt.pt and log.jsonl go here
-    # 'scratch' (out_dir must hold no ckpt.pt), 'resume' (all of out_dir/ckpt.pt), path/to/ckpt.pt (its
-    # weights), or 'hf:<hub id or folder>' (a released Pythia/SmolLM2: config, weights; GPT.from_pretrained)
     init_from: str = "scratch"            # 'scratch', 'resume', path/to/ckpt.pt or 'hf:<hub id or folder>'
     dataset: str = "pydoc"                # reads data/<dataset>/{train,val}.bin + meta.json (prepare_data.py)
     data_dir: Optional[str] = None        # read this folder instead of data/<dataset>
@@ -110,23 +111,10 @@ class TrainConfig:
 # The valid range of every numeric field of TrainConfig (configurator.check_ranges: None passes, nan and
 # inf never). seed: what np.random.seed accepts.
 TRAIN_RANGES = {
-    "eval_interval": ">= 1",
-    "eval_iters": ">= 1",
-    "log_interval": ">= 1",
-    "total_batch_size": ">= 1",
-    "batch_size": ">= 1",
-    "max_iters": ">= 0",
-    "lr_decay_iters": ">= 1",
-    "learning_rate": ">= 0",
-    "min_lr": ">= 0",
-    "warmup_iters": ">= 0",
-    "weight_decay": ">= 0",
-    "beta1": "[0, 1)",
-    "beta2": "[0, 1)",
-    "grad_clip": ">= 0",
-    "gate_lr_multiplier": "> 0",
-    "seed": "[0, 4294967295]",
-    "peak_flops": "> 0",
+    "eval_interval": ">= 1", "eval_iters": ">= 1", "log_interval": ">= 1", "total_batch_size": ">= 1",
+    "batch_size": ">= 1", "max_iters": ">= 0", "lr_decay_iters": ">= 1", "learning_rate": ">= 0",
+    "min_lr": ">= 0", "warmup_iters": ">= 0", "weight_decay": ">= 0", "beta1": "[0, 1)", "beta2": "[0, 1)",
+    "grad_clip": ">= 0", "gate_lr_multiplier": "> 0", "seed": "[0, 4294967295]", "peak_flops": "> 0",
     "val_tol": "[0, 1)",
 }
 
@@ -155,22 +143,22 @@ class Settled:
     given: set                            # the keys the user set (configurator.load_config's record)
     grad_accum: int                       # micro-steps per optimizer step on each rank
     ckpt: Optional[dict]                  # init_from='resume': the checkpoint to continue
+    ckpt_path: Optional[str]              # where it was read (ckpt.pt, or the previous one when that is damaged)
     hf_weights: Optional[list]            # init_from='hf:...': the released model's safetensors files
+    given_values: dict                    # {key: value} of the keys the user set, as the run prints them
 
 
 def settle_config(argv, world_size=1) -> Settled:
     """The run's final GPTConfig and TrainConfig from argv (config files and --key=value), top to bottom:
 
-    1. the keys given, in config files and on the command line (configurator.load_config); TrainConfig is
-       built and checked here, the model keys wait for the defaults they go on;
+    1. the keys given, in config files and on the command line (configurator.load_config);
     2. the model config: the given model keys on GPTConfig's defaults or, with --init_from=hf:..., on the
-       released model's config.json (support.pretrained); GPTConfig checks them and the shapes;
-    3. with --init_from=resume, out_dir/ckpt.pt: its model config (a model key given with another value is
-       refused) and its data, batch and schedule settings (the keys given again win);
+       released model's config.json (support.pretrained);
+    3. with --init_from=resume, out_dir/ckpt.pt (or the previous one when it is damaged): its model config
+       (a model key given with another value is refused), its data, batch and schedule (given keys win);
     4. the batch: gradient-accumulation steps for total_batch_size tokens over world_size ranks.
 
-    Raises ConfigError for a bad key, value or combination; RunError for a checkpoint or a released model
-    that cannot be read or does not fit."""
+    Raises ConfigError for a bad key, value or combination; RunError for weights that do not load or fit."""
     (model_keys, cfg), given = load_config(argv, GPTConfig, TrainConfig, defer=(GPTConfig,))
     hf_weights = None
     if cfg.init_from.startswith("hf:"):
@@ -184,14 +172,15 @@ def settle_config(argv, world_size=1) -> Settled:
             model_cfg = GPTConfig(**model_keys)
         except ValueError as e:                       # e.g. n_embd must divide by n_head
             raise ConfigError(str(e)) from None
-    ckpt = None
-    # the architecture and the run's settings come from the checkpoint
+    ckpt = ckpt_path = None
+    # the architecture and the run's settings come from the checkpoint (the previous one if it is damaged)
     if cfg.init_from == "resume":
-        ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
+        ckpt, ckpt_path = load_resumable(os.path.join(cfg.out_dir, "ckpt.pt"), ("model", "model_config", "train_config"))
         model_cfg = model_config_from_checkpoint(ckpt, model_cfg, given)
         cfg = train_config_from_checkpoint(ckpt, cfg, given)
     grad_accum = grad_accum_steps(cfg.total_batch_size, cfg.batch_size, model_cfg.block_size, world_size)
-    return Settled(model_cfg, cfg, given, grad_accum, ckpt, hf_weights)
+    return Settled(model_cfg, cfg, given, grad_accum, ckpt, ckpt_path, hf_weights,
+                   given_values(given, model_cfg, cfg))
 
 
 def train_config_from_checkpoint(ckpt, cfg, given):
@@ -245,324 +234,213 @@ def model_config_from_checkpoint(ckpt, model_cfg, given):
 
 
 # -----------------------------------------------------------------------------
-# The run: setup, then per step evaluate_and_save (every eval_interval) and train_step (support/loop.py)
-
-@dataclass
-class Run:
-    """Everything a training run carries from step to step (built by setup)."""
-    cfg: TrainConfig
-    model_cfg: GPTConfig
-    ddp: bool                             # launched by torchrun
-    rank: int
-    world_size: int
-    master: bool                          # rank 0 prints, logs and writes checkpoints
-    device: str
-    device_type: str                      # cuda, mps and cpu differ in autocast, pinning, fused AdamW
-    ckpt_path: str
-    log_path: str
-    resumed: bool
-    grad_accum: int                       # micro-steps per optimizer step on each rank
-    meta: dict                            # the data's meta.json
-    train_path: str
-    val_path: str
-    data_dtype: object
-    val_windows: list                     # this rank's fixed val windows
-    train_mode: Optional[str]             # T²MLR: cfg.train_mode ("jacobi": D sweeps, "exact"); None otherwise
-    val_mode: Optional[str]               # T²MLR: cfg.val_mode; None for the other models
-    val_label: str
-    data_gen: torch.Generator             # the data order (the same on every rank: see step_starts)
-    trainer: Trainer                      # raw_model, the model that trains, optimizer, scaler, autocast
-    pass_counter: Optional[object]        # T²MLR: support.accounting.count_middle_passes of raw_model
-    eval_model: torch.nn.Module
-    start_step: int
-    best_val: float
-    flops_per_token: float
-    peak: Optional[float]                 # FLOP/s of one device, for MFU
-
-    def log(self, row, text):
-        """Print `text` and append `row` to log.jsonl (rank 0 only)."""
-        if self.master:
-            tqdm.write(text)
-            with open(self.log_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-
+# The run, top to bottom: main settles the config, sets up, resumes, and runs the loop on the page
 
 def main(argv):
     """Train as configured by argv (config files and --key=value). Raises ConfigError or RunError."""
-    run = setup(argv)
-    cfg = run.cfg
-    bar = tqdm(
-        total=cfg.max_iters, initial=run.start_step, unit="step",
-        disable=not (run.master and cfg.progress and sys.stderr.isatty()),
-    )
-    t_start, timing = time.time(), {"eval_seconds": 0.0, "n_evals": 0}
+    # ---- the config, settled in one pass; the device and DDP ----------------------------------------------
+    ddp, rank, local_rank, world_size = distributed_ranks()
+    s = settle_config(argv, world_size)
+    cfg, model_cfg, T, grad_accum = s.cfg, s.model_cfg, s.model_cfg.block_size, s.grad_accum
+    device, ptdtype = setup_device(cfg, ddp, local_rank)
+    # ---- data and weights, checked whole before anything is written; then out_dir is this run's alone -----
+    data = open_data(cfg, model_cfg, s, rank, world_size)
+    # ---- model and optimizer, resumed from the checkpoint or initialised --------------------------------
+    raw_model, trainer, data_gen, start_step, best_val = build_model(cfg, model_cfg, s, device, ptdtype,
+                                                                   rank, world_size)
+    lock = lock_out_dir(cfg.out_dir) if rank == 0 else None  # held while this process runs (kill -9 too)
+    if s.ckpt is not None and start_step >= cfg.max_iters:
+        return print(f"nothing to train: {s.ckpt_path} holds {start_step} steps and max_iters = "
+                     f"{cfg.max_iters}; give a larger --max_iters to continue")
+    model, eval_model, pass_counter = compile_and_wrap(trainer, cfg, model_cfg, device, ddp, local_rank)
+    log = RunLog(cfg, model_cfg, s, trainer, device, ptdtype, world_size, data, start_step, rank == 0)
+    train_mode, val_mode = (cfg.train_mode, cfg.val_mode) if model_cfg.t2mlr else (None, None)
+    optimizer, scaler = trainer.optimizer, trainer.scaler
+    # ---- the loop: exactly max_iters optimizer steps, an evaluation and save after every eval_interval ------
+    for step in range(start_step, cfg.max_iters + 1):
+        last = step == cfg.max_iters     # the step a run resumed from was evaluated before it was saved
+        if last or (step % cfg.eval_interval == 0 and not (s.ckpt is not None and step == start_step)):
+            val_loss = evaluate(eval_model, log.val_batches(data, pass_counter), device, trainer.autocast,
+                                val_mode, cfg.val_tol)
+            best_val = min(best_val, val_loss)
+            ranks = gather((rng_states(data_gen), val_loss), ddp, world_size)   # every rank's RNGs, val loss
+            log.evaluation(step, val_loss, best_val, val_mode, [r[1] for r in ranks] if ddp else None)
+            if rank == 0:
+                save_state(trainer, step, [r[0] for r in ranks], best_val_loss=best_val, val_loss=val_loss,
+                           tokenizer=data.tokenizer, model_config=asdict(model_cfg), train_config=asdict(cfg))
+        if last:
+            break
+        t0, passes, lr = time.time(), [], get_lr(step, cfg)
+        for group in optimizer.param_groups:          # the schedule's LR times each group's scale (the gate's m)
+            group["lr"] = lr * group["lr_scale"]
+        starts = step_starts(data.meta["train_tokens"], T, cfg.batch_size, grad_accum, world_size, rank, data_gen)
+        loss_sum = torch.zeros((), device=device)     # summed on the device: no host sync per micro-step
+        for micro in range(grad_accum):
+            x, y = get_batch(data.train_path, data.dtype, starts[micro], T, device)
+            # DDP arms its all-reduce in the forward pass: only the last micro-step syncs, and no_sync wraps
+            # its forward AND backward
+            with model.no_sync() if ddp and micro < grad_accum - 1 else nullcontext():
+                with trainer.autocast, pass_counter.counting(passes) if pass_counter else nullcontext():
+                    loss = model(x, y, mode=train_mode)[1]         # T²MLR: its middle passes counted
+                loss_sum += loss.detach()
+                scaler.scale(loss / grad_accum).backward()
+        train_loss = check_finite(mean_over_ranks(loss_sum / grad_accum, ddp), step, trainer.ckpt_path)
+        scaler.unscale_(optimizer)                    # clip the true gradients, not fp16-scaled ones
+        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or math.inf)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        log.train_step(step, train_loss, lr, grad_norm, t0, passes)
+    log.done(best_val, trainer.ckpt_path)
+    finish(ddp, lock)
 
-    def evaluate_timed(step):
-        t_eval = time.time()
-        evaluate_and_save(run, step)
-        timing["eval_seconds"] += time.time() - t_eval
-        timing["n_evals"] += 1
 
-    def train_logged(step):
-        logged = step % cfg.log_interval == 0 or step == cfg.max_iters - 1
-        row = train_step(run, step, logged)
-        bar.update()
-        if logged:
-            # ETA: the mean step times the steps left, plus the mean evaluation times the evaluations left
-            # (the multiples of eval_interval still ahead, and the final one)
-            eval_seconds, n_evals = timing["eval_seconds"], timing["n_evals"]
-            per_step = (time.time() - t_start - eval_seconds) / (step + 1 - run.start_step)
-            evals_left = (cfg.max_iters - 1) // cfg.eval_interval - step // cfg.eval_interval + 1
-            eta = per_step * (cfg.max_iters - step - 1) + eval_seconds / max(n_evals, 1) * evals_left
-            run.log(
-                row,
-                f"step {step}: loss {row['loss']:.4f}, lr {row['lr']:.3g}, grad norm {row['grad_norm']:.3f}, "
-                f"{row['ms']:.0f} ms, {row['tok_s']:,.0f} tok/s, "
-                + (f"MFU {100 * row['mfu']:.1f}%" if run.peak else f"{row['flops'] / 1e12:.3g} TFLOP/s")
-                + (f", {'Jacobi' if run.train_mode == 'jacobi' else 'token'} passes {row['jacobi_passes']:.2f}"
-                   if run.model_cfg.t2mlr else "")
-                + f", ETA {eta / 60:.1f} min",
-            )
+def distributed_ranks():
+    """(launched by torchrun, rank, local rank, world size); (False, 0, 0, 1) for a single process."""
+    if "RANK" not in os.environ:
+        return False, 0, 0, 1
+    return True, *(int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
 
-    # exactly max_iters optimizer steps, each evaluation and save after `step` updates; the step a run
-    # resumed from was evaluated already
-    run_steps(cfg, run.start_step, run.start_step if run.resumed else None, train_logged, evaluate_timed)
-    bar.close()
-    if run.master:
-        print(
-            f"done: {cfg.max_iters} steps, best {run.val_label} {run.best_val:.4f}, checkpoint "
-            f"{run.ckpt_path}"
-        )
-    if run.ddp:
+
+def finish(ddp, lock):
+    """Release the out_dir; under DDP leave the process group and exit (after a clean run gloo sometimes
+    aborts at interpreter teardown; exiting now avoids it)."""
+    if lock is not None:
+        lock.close()
+    if ddp:
         dist.destroy_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
-        # after a clean run gloo sometimes aborts at interpreter teardown; exiting now avoids it
         os._exit(0)
 
 
-def setup(argv) -> Run:
-    """Config (settle_config), distributed setup, data, model and optimizer (and, with --init_from=resume,
-    the whole saved state). Every check runs before anything is written. Raises ConfigError or RunError."""
-    ddp = "RANK" in os.environ                        # set by torchrun
-    rank, local_rank, world_size = (
-        (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else (0, 0, 1)
-    )
-    master = rank == 0
-    settled = settle_config(argv, world_size)
-    cfg, model_cfg, ckpt = settled.cfg, settled.model_cfg, settled.ckpt
-    resumed, T = ckpt is not None, model_cfg.block_size
-
-    # ---- device and distributed setup ----------------------------------------------------------------
+def setup_device(cfg, ddp, local_rank):
+    """The device (this rank's GPU under DDP) and the autocast dtype; the process group under torchrun (gloo
+    on CPU, so DDP is testable there). Raises RunError for a device this machine does not have."""
     device = resolve_device(cfg.device, local_rank if ddp else None)
     device_type = device.split(":")[0]
     if ddp:
         if device_type == "cuda":
             torch.cuda.set_device(device)
-        # gloo makes DDP testable on CPU
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
-    ptdtype = resolve_dtype(cfg.dtype, device_type)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    ckpt_path, log_path = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "log.jsonl")
+    return device, resolve_dtype(cfg.dtype, device_type)
 
-    # ---- data ----------------------------------------------------------------------------------------
+
+@dataclass
+class Data:
+    """The token files of a run (support/data.py): meta.json, the splits, this rank's fixed val windows."""
+    meta: dict
+    tokenizer: str                        # the tokenizer that made the tokens (meta.json), saved with each checkpoint
+    dir: str
+    train_path: str
+    val_path: str
+    dtype: np.dtype
+    val_windows: list                     # this rank's share; evaluate() sums over ranks
+
+
+def open_data(cfg, model_cfg, s, rank, world_size) -> Data:
+    """data_dir's meta.json and bins, checked against the model (vocabulary, every token id) and against the
+    tokenizer of any weights the run starts from (resume, a checkpoint, a released model). Raises RunError.
+    Last of all the checks: a relaunch that forgot --init_from=resume must not overwrite a run."""
+    if rank == 0:
+        refuse_if_locked(cfg.out_dir)             # another run on out_dir: refused first, naming its pid
     data_dir = cfg.data_dir or os.path.join("data", cfg.dataset)
-    meta = load_meta(data_dir, T, cfg.init_from if settled.hf_weights else None)
+    meta = load_meta(data_dir, model_cfg.block_size, cfg.init_from if s.hf_weights else None, needs=("tokenizer",))
     if meta["vocab_size"] > model_cfg.vocab_size:
-        raise RunError(
-            f"the data's vocab_size {meta['vocab_size']} (meta.json) exceeds the model's vocab_size "
-            f"{model_cfg.vocab_size}; set vocab_size >= {meta['vocab_size']}"
-        )
-    if settled.hf_weights and not meta["tokenizer"].startswith("hf:"):
-        raise RunError(
-            f"{data_dir} holds {meta['tokenizer']} tokens, but a released model reads its own: prepare the "
-            f"data with `prepare_data.py --tokenizer {cfg.init_from}`"
-        )
-    if resumed and recorded_tokenizer(ckpt, ckpt_path) != meta["tokenizer"]:
-        raise RunError(f"{data_dir} holds {meta['tokenizer']} tokens but the checkpoint was trained on "
-                       f"{ckpt['tokenizer']} tokens; resume with the run's dataset")
-    # the fixed val windows, dealt out to the ranks; evaluate() sums over ranks
-    val_windows = val_starts(meta["val_tokens"], T, cfg.eval_iters * cfg.batch_size)[rank::world_size]
-    train_mode = cfg.train_mode if model_cfg.t2mlr else None   # T²MLR: Jacobi sweeps or the exact recurrence
-    val_mode = cfg.val_mode if model_cfg.t2mlr else None
-    val_label = (
-        f"val loss ({cfg.val_mode}" + (f", tol {cfg.val_tol:g})" if cfg.val_mode == "converged" else ")")
-        if model_cfg.t2mlr
-        else "val loss"
-    )
-    # Last of the checks, all before anything is written: a relaunch that forgot --init_from=resume must not
-    # wipe a run.
-    if not resumed and os.path.exists(ckpt_path):
+        raise RunError(f"the data's vocab_size {meta['vocab_size']} (meta.json) exceeds the model's vocab_size "
+                       f"{model_cfg.vocab_size}; set vocab_size >= {meta['vocab_size']}")
+    check_token_ids(data_dir, meta, meta["vocab_size"])        # every id one the tokenizer can produce
+    tokens = meta["tokenizer"]
+    if s.ckpt is not None and recorded_tokenizer(s.ckpt, s.ckpt_path) != tokens:
+        raise RunError(f"{data_dir} holds {tokens} tokens but the checkpoint was trained on "
+                       f"{s.ckpt['tokenizer']} tokens; resume with the run's dataset")
+    if s.hf_weights and tokens.rstrip("/") != cfg.init_from.rstrip("/"):
+        raise RunError(f"{data_dir} holds {tokens} tokens, but a released model reads its own: prepare the "
+                       f"data with `prepare_data.py --tokenizer {cfg.init_from}`")
+    source = load_checkpoint(cfg.init_from).get("tokenizer") if cfg.init_from.endswith(".pt") else None
+    if source is not None and source != tokens:         # (weights saved without one cannot be compared)
+        raise RunError(f"{data_dir} holds {tokens} tokens but {cfg.init_from} was trained on {source} tokens: "
+                       f"its embeddings would be read under another vocabulary; train on data of {source} "
+                       f"tokens")
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if s.ckpt is None and os.path.exists(ckpt_path):
         raise RunError(f"{ckpt_path} exists: continue it with --init_from=resume, or choose another out_dir")
+    windows = val_starts(meta["val_tokens"], model_cfg.block_size, cfg.eval_iters * cfg.batch_size)
+    return Data(meta, meta["tokenizer"], data_dir, os.path.join(data_dir, "train.bin"),
+                os.path.join(data_dir, "val.bin"), np.dtype(meta["dtype"]), windows[rank::world_size])
 
-    # ---- model and optimizer ---------------------------------------------------------------------------
+
+def build_model(cfg, model_cfg, s, device, ptdtype, rank, world_size):
+    """The model, its Trainer (support/loop.py), the data sampler, the start step, the best val loss so far:
+    all from the checkpoint with --init_from=resume (as if never stopped), else a new init or given weights."""
     torch.manual_seed(cfg.seed)       # the same init, and the same global RNG stream, on every rank
     np.random.seed(cfg.seed)
     random.seed(cfg.seed)
     data_gen = torch.Generator().manual_seed(cfg.seed)   # identical on all ranks: see step_starts
     raw_model = GPT(model_cfg).to(device)
-    # fill the rotary table cache (model.GPT.run_layers, here with no layers) now: filled inside
-    # torch.compile's trace, it would recompile once
-    raw_model.run_layers(torch.zeros(1, 1, model_cfg.n_embd, device=device), [], 0)
-    trainer = make_trainer(raw_model, cfg, device, ptdtype, ckpt_path)
+    # the rotary tables, filled now: filled inside torch.compile's trace, they would recompile it once
+    raw_model.rotary(ptdtype, raw_model.wte.weight.device, 0, model_cfg.block_size)
+    trainer = make_trainer(raw_model, cfg, device, ptdtype, os.path.join(cfg.out_dir, "ckpt.pt"))
     start_step, best_val = 0, float("inf")
-    if resumed:                                       # everything, so the run continues as if never stopped
-        start_step = resume(trainer, ckpt, ckpt_path, rank, world_size, data_gen)
-        best_val = ckpt["best_val_loss"]
-        del ckpt                                      # free the host copy of the weights
-        settled.ckpt = None
-    elif cfg.init_from.endswith(".pt"):               # new run, weights from another (e.g. a T²MLR retrofit)
+    if s.ckpt is not None:
+        require_keys(s.ckpt, s.ckpt_path, RESUME_KEYS)
+        start_step = resume(trainer, s.ckpt, s.ckpt_path, rank, world_size, data_gen)
+        best_val = s.ckpt["best_val_loss"]
+        s.ckpt = {"step": start_step}             # free the host copy of the weights
+    elif cfg.init_from.endswith(".pt"):           # weights from another run (e.g. a T²MLR retrofit)
         init_weights_from(raw_model, cfg.init_from)
-    # new run from a released model (the T²MLR paper's §3.4 retrofit)
-    elif settled.hf_weights:
+    elif s.hf_weights:                            # a released model (the T²MLR paper's §3.4 retrofit)
         try:
-            load_hf_weights(raw_model, settled.hf_weights)
+            load_hf_weights(raw_model, s.hf_weights)
         except ValueError as e:
             raise RunError(f"--init_from={cfg.init_from}: {e}") from None
-    # T²MLR: counts the middle-layer passes (a hook, registered once, before compiling)
-    pass_counter = count_middle_passes(raw_model) if model_cfg.t2mlr else None
-    # compile None: on for CUDA, except for exact training (its Python loop over tokens would unroll T steps)
-    use_compile = device_type == "cuda" and train_mode != "exact" if cfg.compile is None else cfg.compile
+    return raw_model, trainer, data_gen, start_step, best_val
+
+
+def compile_and_wrap(trainer, cfg, model_cfg, device, ddp, local_rank):
+    """What trains (the model compiled and/or DDP-wrapped, set on trainer.model), what evaluates, and
+    T²MLR's middle-pass counter. compile: None = on for CUDA; exact training (and exact or converged
+    evaluation) is never compiled: its Python loop over tokens would unroll T steps."""
+    raw_model, device_type = trainer.raw_model, device.split(":")[0]
+    exact = model_cfg.t2mlr and cfg.train_mode == "exact"
+    use_compile = (device_type == "cuda" and not exact) if cfg.compile is None else cfg.compile and not exact
+    if cfg.compile and exact:
+        print("note: compile off for train_mode 'exact' (torch.compile would unroll its loop over T tokens)")
+    pass_counter = count_middle_passes(raw_model) if model_cfg.t2mlr else None  # a hook, before compiling
     compiled = torch.compile(raw_model) if use_compile else raw_model
-    # Every parameter gets a gradient on every step (MeSH routers and T²MLR gates always run), so DDP
-    # needs no find_unused_parameters.
-    device_ids = [local_rank] if device_type == "cuda" else None
-    trainer.model = DDP(compiled, device_ids=device_ids) if ddp else compiled
+    # every parameter gets a gradient on every step (routers and gates always run): no find_unused_parameters
+    trainer.model = DDP(compiled, device_ids=[local_rank] if device_type == "cuda" else None) if ddp else compiled
     trainer.ddp = ddp
-    # The exact T²MLR forward loops over tokens in Python; compiling it would unroll T steps.
-    eval_model = compiled if val_mode == "jacobi" else raw_model
-    flops_per_token = train_flops_per_token(raw_model if train_mode != "exact" else exact_twin(model_cfg))
-    peak = peak_flops(device, cfg.peak_flops)
-    if master:
-        counts = param_counts(raw_model)
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        print(f"config (given): {given_values(settled.given, model_cfg, cfg)}")
-        print(
-            f"device {device}, dtype {str(ptdtype).removeprefix('torch.')}, compile {use_compile}, world "
-            f"size {world_size}"
-        )
-        print(f"params: total {counts['total']:,}, non-embedding {counts['non_embedding']:,}, unrolled depth "
-              f"{model_cfg.n_unrolled} layers, {flops_per_token:.3g} train FLOPs/token")
-        print(
-            f"batch: {cfg.total_batch_size:,} tokens/step = {cfg.batch_size} seqs x {T} tokens x "
-            f"{world_size} ranks"
-            f" x {settled.grad_accum} accumulation steps; data {data_dir} ({meta['train_tokens']:,} train "
-            f"tokens)"
-        )
-        print(
-            f"MFU against {peak:.3g} FLOP/s per device"
-            if peak
-            else "MFU n/a: pass --peak_flops=<FLOP/s of one device>"
-        )
-        with open(log_path, "a" if resumed else "w") as f:  # a resumed run appends, never truncates
-            f.write(json.dumps({"step": start_step, "init_from": cfg.init_from, "world_size": world_size,
-                                "model_config": asdict(model_cfg), "train_config": asdict(cfg)}) + "\n")
-    return Run(
-        cfg=cfg,
-        model_cfg=model_cfg,
-        ddp=ddp,
-        rank=rank,
-        world_size=world_size,
-        master=master,
-        device=device,
-        device_type=device_type,
-        ckpt_path=ckpt_path,
-        log_path=log_path,
-        resumed=resumed,
-        grad_accum=settled.grad_accum,
-        meta=meta,
-        train_path=os.path.join(data_dir, "train.bin"),
-        val_path=os.path.join(data_dir, "val.bin"),
-        data_dtype=np.dtype(meta["dtype"]),
-        val_windows=val_windows,
-        train_mode=train_mode,
-        val_mode=val_mode,
-        val_label=val_label,
-        data_gen=data_gen,
-        trainer=trainer,
-        pass_counter=pass_counter,
-        eval_model=eval_model,
-        start_step=start_step,
-        best_val=best_val,
-        flops_per_token=flops_per_token,
-        peak=peak,
-    )
+    eval_model = compiled if not model_cfg.t2mlr or cfg.val_mode == "jacobi" else raw_model
+    trainer.compiled = use_compile
+    return trainer.model, eval_model, pass_counter
 
 
-def exact_twin(model_cfg):
-    """A model on the meta device whose training FLOPs equal exact training's (train_mode 'exact'): the
-    middle layers once forward and once backward per token, the gate once, as Jacobi with D = 1
-    (support.accounting counts Jacobi sweeps)."""
-    with torch.device("meta"):
-        return GPT(replace(model_cfg, jacobi_sweeps=1, jacobi_grad_sweeps=0, jacobi_tol=0.0,
-                           jacobi_checkpoint=False, jacobi_init="zero"))
+def check_finite(train_loss, step, ckpt_path):
+    """train_loss, or RunError when it is NaN or inf (one host sync a step; the same on every rank), so the
+    run stops before the update and ckpt.pt keeps the last good state."""
+    if not torch.isfinite(train_loss):
+        raise RunError(f"non-finite train loss {train_loss.item()} at step {step}; stopped before the update, "
+                       f"{ckpt_path} holds the last good state")
+    return train_loss
 
 
-def evaluate_and_save(run: Run, step: int):
-    """The val loss after `step` updates (logged), then the whole state to ckpt.pt (atomically, rank 0)."""
-    cfg, T, windows = run.cfg, run.model_cfg.block_size, run.val_windows
-
-    def batches():
-        for i in range(0, len(windows), cfg.batch_size):
-            if run.pass_counter is not None:          # from 0 in each forward, as in train_step
-                run.pass_counter.n = 0
-            yield get_batch(run.val_path, run.data_dtype, windows[i:i + cfg.batch_size], T, run.device)
-
-    val_loss = evaluate(run.eval_model, batches(), run.device, run.trainer.autocast, run.val_mode,
-                        cfg.val_tol)
-    run.best_val = min(run.best_val, val_loss)
-    gathered = [(rng_states(run.data_gen), val_loss)] * run.world_size
-    # rank 0 saves every rank's RNGs and logs every rank's val loss
-    if run.ddp:
-        dist.all_gather_object(gathered, gathered[run.rank])
-    run.log({"step": step, "val_loss": val_loss, "val_mode": run.val_mode, "best_val_loss": run.best_val}
-            | ({"val_tol": cfg.val_tol} if run.val_mode == "converged" else {})
-            | ({"val_loss_by_rank": [g[1] for g in gathered]} if run.ddp else {}),
-            f"step {step}: {run.val_label} {val_loss:.4f} (best {run.best_val:.4f})")
-    if run.master:
-        save_state(run.trainer, step, [g[0] for g in gathered], best_val_loss=run.best_val, val_loss=val_loss,
-                   model_config=asdict(run.model_cfg), train_config=asdict(cfg),
-                   tokenizer=run.meta["tokenizer"])
+def mean_over_ranks(value, ddp):
+    """The mean of a 0-d tensor over all ranks (the value itself on one process)."""
+    if ddp:
+        dist.all_reduce(value)
+        value /= dist.get_world_size()
+    return value
 
 
-def train_step(run: Run, step: int, logged: bool) -> Optional[dict]:
-    """One optimizer step (support.loop.optimizer_step) on this rank's share of the step's windows.
-    Returns the log row when `logged` (loss, lr, grad norm, time, throughput; T²MLR: mean middle-layer
-    passes), else None: only a logged step syncs the device for its timing and reads the grad norm.
-    Raises RunError, before the update, when the loss is not finite."""
-    cfg, T = run.cfg, run.model_cfg.block_size
-    t0 = time.time()
-    starts = step_starts(
-        run.meta["train_tokens"], T, cfg.batch_size, run.grad_accum, run.world_size, run.rank, run.data_gen
-    )
-    passes = []                                       # T²MLR: the middle-layer passes of each micro-step
-
-    def micro_loss(model, micro):
-        x, y = get_batch(run.train_path, run.data_dtype, starts[micro], T, run.device)
-        if run.pass_counter is None:
-            return model(x, y, mode=run.train_mode)[1]
-        # counted from 0 in each forward (torch.compile specialises on the count: one graph), forwards only
-        run.pass_counter.n = 0
-        loss = model(x, y, mode=run.train_mode)[1]
-        passes.append(run.pass_counter.n)
-        return loss
-
-    train_loss, grad_norm, lr = optimizer_step(run.trainer, step, run.grad_accum, micro_loss)
-    if not logged:
-        return None
-    if run.device_type == "cuda":
-        torch.cuda.synchronize()
-    dt = time.time() - t0
-    tok_s = cfg.total_batch_size / dt
-    flops = run.flops_per_token * tok_s / run.world_size   # achieved FLOP/s per device
-    row = {"step": step, "loss": train_loss.item(), "lr": lr, "grad_norm": grad_norm.item(), "ms": 1000 * dt,
-           "tok_s": tok_s, "flops": flops, "mfu": flops / run.peak if run.peak else None}
-    if run.model_cfg.t2mlr:
-        # mean middle-layer passes per micro-step (D, +1 with the plain start, fewer where jacobi_tol stopped;
-        # train_mode exact: one per token, T)
-        row["jacobi_passes"] = sum(passes) / run.grad_accum
-    return row
+def gather(value, ddp, world_size):
+    """Every rank's `value`, a list in rank order (rank 0 saves and logs them all)."""
+    gathered = [value] * world_size
+    if ddp:
+        dist.all_gather_object(gathered, value)
+    return gathered
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """
 How large the recurrent branch starts against the residual stream: the RMS ratio RMS(W_p R_{t-1}) / RMS(x_t)
 at the input of T²MLR's first recurrent layer l_start, at initialisation, for every T²MLR config and both
-initialisations (issue 21, section 3):
+initialisations:
 
     ours        the config as it is: GPT.init_weights (the MeSH paper's std sqrt(2/(5C)), depth-scaled output
                 projections) and embeddings times sqrt(C)

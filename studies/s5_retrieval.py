@@ -36,14 +36,13 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 from configurator import ConfigError, check_ranges, load_config
 from model import GPT, GPTConfig
+from studies.common import LSTMLM, gate_values, lstm_hidden_for, read_json, write_json  # noqa: F401
 from support.checkpoints import load_checkpoint, rng_states
 from support.compat import upgrade_config
-from support.loop import make_trainer, optimizer_step, resume, run_steps, save_state, saved_step
+from support.loop import evaluation_due, make_trainer, optimizer_step, resume, save_state, saved_step
 from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
 from train import TrainConfig
 
@@ -191,41 +190,10 @@ class S5Config:
         return (2 + 2 * self.value_len) * n + 1
 
 
-# -----------------------------------------------------------------------------
-# The LSTM baseline: torch.nn.LSTM between a tied embedding and output head
-
-class LSTMLM(nn.Module):
-    """Embedding (V x H) -> nn.LSTM (layers x H) -> the embedding matrix again as output head (tied).
-    forward(idx (B, T), targets (B, T) or None, **ignored) -> (logits (B, T, V), mean CE over
-    labels != -1)."""
-
-    def __init__(self, vocab_size: int, hidden: int, layers: int):
-        super().__init__()
-        self.wte = nn.Embedding(vocab_size, hidden)
-        self.lstm = nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True)
-
-    def forward(self, idx, targets=None, **ignored):
-        h, _ = self.lstm(self.wte(idx))
-        logits = F.linear(h, self.wte.weight)
-        loss = (
-            None
-            if targets is None
-            else F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
-        )
-        return logits, loss
-
-
 def build_model(model_cfg: GPTConfig, s5: S5Config):
     return (
         GPT(model_cfg) if s5.arch == "gpt" else LSTMLM(model_cfg.vocab_size, s5.lstm_hidden, s5.lstm_layers)
     )
-
-
-def lstm_hidden_for(target_params: int, vocab_size: int, layers: int) -> int:
-    """The LSTM width whose parameter count (tied embedding V·H plus per layer 4·(2H² + 2H)) is closest to
-    target_params: how the configs match the baseline to the transformer."""
-    count = lambda h: vocab_size * h + layers * 4 * (2 * h * h + 2 * h)
-    return min(range(8, 4096), key=lambda h: abs(count(h) - target_params))
 
 
 # -----------------------------------------------------------------------------
@@ -331,8 +299,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
             f"init_from {cfg.init_from!r}: s5_retrieval.py starts from 'scratch' or continues with 'resume'"
         )
     if os.path.exists(results_path):
-        with open(results_path) as f:
-            results = json.load(f)
+        results = read_json(results_path)
         check_same_run(results, model_cfg, s5, results_path, cfg)
         # finished: skip (a longer max_iters continues it)
         if results["steps"] == cfg.max_iters:
@@ -388,13 +355,8 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
         losses.append(loss.item())
         done = step + 1
         if done % cfg.log_interval == 0 or done == cfg.max_iters:
-            state["curve"].append({"step": done, "loss": sum(losses) / len(losses), "lr": lr} | gate_row())
+            state["curve"].append({"step": done, "loss": sum(losses) / len(losses), "lr": lr} | gate_values(model))
             losses.clear()
-
-    def gate_row():
-        """T²MLR: the global gates θ_r, θ_x after this step (how far the recurrent path opened)."""
-        gate = getattr(model, "gate", None)
-        return {} if gate is None else {"theta_r": gate.theta_r.item(), "theta_x": gate.theta_x.item()}
 
     def evaluate_and_save(step):
         """The accuracies at the longest training n and at twice it, in the curve, then the checkpoint."""
@@ -414,8 +376,12 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
 
     model.train()
     t0 = time.time() - state["seconds"]
-    # no evaluation before the first step: the start step is taken as evaluated
-    run_steps(cfg, start_step, start_step, train_step, evaluate_and_save)
+    for step in range(start_step, cfg.max_iters + 1):    # the start step is taken as evaluated
+        if evaluation_due(cfg, step, evaluated=start_step):
+            evaluate_and_save(step)
+        if step == cfg.max_iters:
+            break
+        train_step(step)
     train_seconds = state["seconds"] = time.time() - t0
     per_n = evaluate(model, s5, range(s5.test_min_n, s5.test_max_n + 1), s5.eval_examples, device, autocast)
     results = {
@@ -424,7 +390,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
         "params": n_params,
         "train_seconds": train_seconds,
         "steps": cfg.max_iters,
-        **gate_row(),
+        **gate_values(model),
         "per_n": {str(n): r for n, r in per_n.items()},
         "curve": state["curve"],
         "model_config": asdict(model_cfg),
@@ -432,9 +398,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
         "s5_config": asdict(s5),
     }
     checkpoint(cfg.max_iters)
-    with open(results_path + ".tmp", "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(results_path + ".tmp", results_path)
+    write_json(results_path, results)
     return results
 
 
@@ -470,7 +434,7 @@ def compare(overrides, root="out/s5"):
 
 
 # -----------------------------------------------------------------------------
-# The rerun of setting A (issue 21, sections 3-4): exact training states, and what opens the gate
+# The rerun of setting A: exact training states, and what opens the gate
 
 RERUN_ARMS = {      # name: overrides; every arm on the same batches and the same 2,000-step schedule
     "jacobi D=16 (setting A)": ["config/s5_tiny_t2mlr.py"],
@@ -481,7 +445,7 @@ RERUN_ARMS = {      # name: overrides; every arm on the same batches and the sam
                                            "--embed_scale=False", "--gate_lr_multiplier=10"],
 }
 RERUN_PROBE, RERUN_FULL = 400, 2000     # every arm to RERUN_PROBE steps; two continue to RERUN_FULL
-RERUN_COMBINED = "exact, reference init, gate lr x10"     # the issue's combination: always continued
+RERUN_COMBINED = "exact, reference init, gate lr x10"     # the three changes together: always continued
 
 
 def rerun(overrides, root="out/s5_rerun", results_path="studies/results/s5_rerun.json",
@@ -500,8 +464,7 @@ def rerun(overrides, root="out/s5_rerun", results_path="studies/results/s5_rerun
         path = os.path.join(out_dir_of(name), "results.json")
         if not os.path.exists(path):
             return 0
-        with open(path) as f:
-            return json.load(f)["steps"]
+        return read_json(path)["steps"]
 
     def run_arm(name, steps):
         out_dir = out_dir_of(name)

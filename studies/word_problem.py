@@ -1,6 +1,6 @@
 """
 The word problem of a group: the demonstration that recurrence in time carries a state past the training
-length, and what depth does within it (issue 21, section 1).
+length, and what depth does within it.
 
 The input is a_1 … a_n, elements of a finite group G (one token each); the target at EVERY position t is
 the running product s_t = a_1 · a_2 · … · a_t. The groups are permutation groups: Z2 (parity, as the
@@ -11,48 +11,44 @@ functions, RIGHT factor first:
     (p · q)(i) = p(q(i)),   so  s_t = s_{t-1} · a_t  and  s_t(i) = a_1(a_2(… a_t(i) …)).
 
 Token ids: the elements in lexicographic order of their tuples (the identity is id 0); inputs and targets
-share the vocabulary of |G| ids. Training: n = 16 fixed (every prefix 1..16 is a training position, since
-each position is trained on its own running product); test: every position 1..64 of sequences of n = 64.
-A recurrent state needs one step per token whatever n; a fixed-depth transformer must compose t elements in
-its layers (about 2^L in L layers; NC¹-complete for A5 and S5), so beyond n = 16 it should fail and
-T²MLR should not.
+share the vocabulary of |G| ids. Training: words of n = 16, every position its own running product, under a
+length curriculum (positions 1..2 first, one more whenever the loss falls below 0.3: Irie et al. 2026);
+test: every position 1..64 of 512 fixed words of n = 64. A recurrent state needs one step per token
+whatever n; a fixed-depth transformer must compose t elements in its layers (about 2^L in L layers;
+NC¹-complete for A5 and S5), so beyond n = 16 it should fail and T²MLR should not.
 
-    python -m studies.word_problem            # the whole study (~80 min on one CPU thread), resumable
-    python -m studies.word_problem --report   # figures + JSON from the per-run results finished so far
-    python -m studies.word_problem --quick    # end to end at toy size, into out/word_problem_quick
-    python -m studies.word_problem --gpu      # A5 and S5 at a GPU's budget, into out/word_problem_gpu
+    python -m studies.word_problem                       # the whole study, resumable, a stage at a time:
+    python -m studies.word_problem --stage levers        #   the recipe's levers (LSTM, A5, one seed)
+    python -m studies.word_problem --stage main          #   three arms x four groups x three seeds
+    python -m studies.word_problem --stage depth         #   depth arms (S3, A5): frontier vs unrolled depth
+    python -m studies.word_problem --report              # tables + figures of what finished (out/word_problem_report)
+    python -m studies.word_problem --group A5 --arm t2mlr --seed 5 --out DIR    # one run: DIR/result.json
+    python -m studies.word_problem --quick               # every stage at toy size, into out/word_problem_quick
 
-Stages, each run writing studies/results/word_problem/<run>.json when it finishes (skipped on relaunch;
-an unfinished run continues from out/word_problem/<run>/ckpt.pt):
- 1. timing: one T²MLR training step with mode="exact" vs Jacobi D = T = 16 (b = 15: gradient-exact;
-    b = 4 as a reference), side by side; the cheaper gradient-exact one trains T²MLR;
- 2. pilot (S3, one seed outside the test seeds, 500 steps): learning rate {1e-3, 3e-3} for every arm,
-    then weight_init {"mesh", "reference" with embed_scale=False} for the two GPT arms at their LR;
-    chosen by in-distribution accuracy, then training loss;
- 3. main: transformer (NoPE), T²MLR (layers 1..2 of 4 recurrent in time), LSTM, parameter-matched,
-    groups Z2, S3, A5, S5, seeds 0, 1, 2, the same batches (seeded by group, seed, step), steps, schedule;
- 4. depth (S3 and Z2; n = 16): vanilla 3 layers, base recursion and MeSH "1+1RK+1" for K = 1, 2, 4
-    (base K = 1 IS the vanilla 3-layer stack, the same function and initialisation: trained once), and a
-    vanilla stack of 6 layers, the unrolled depth of K = 4.
-The trainer, schedule, checkpoints and resume are support/loop.py's, as for the S5 study.
+Two processes started on one root share its runs (each run is locked while it trains). Each run writes
+studies/results/word_problem/<run>.json when it finishes (skipped on relaunch; an unfinished run continues
+from out/word_problem/<run>/ckpt.pt). Stage 1 times one T²MLR training step exact vs Jacobi D = T = 16 side
+by side; the cheaper gradient-exact one trains T²MLR. The trainer, schedule, checkpoints and resume are
+support/loop.py's, as for the S5 study.
 """
 
+import argparse
 import itertools
 import json
 import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
-from typing import Optional
 
 import torch
 
 from model import GPT, GPTConfig
-from studies.s5_retrieval import LSTMLM, lstm_hidden_for
-from support.checkpoints import load_checkpoint, rng_states
-from support.loop import make_trainer, optimizer_step, resume, run_steps, save_state
+from studies.common import LSTMLM, gate_values, lstm_hidden_for, open_run, read_json, write_json
+from studies.reproduce.stats import mean_std, paired_stats, t_quantile
+from support.checkpoints import rng_states
+from support.loop import evaluation_due, make_trainer, optimizer_step, save_state
 from support.runtime import RunError
+from train import TrainConfig
 
 # -----------------------------------------------------------------------------
 # The groups and the data generator
@@ -116,50 +112,49 @@ TEST_SEED, PROBE_SEED = 777_000, 888_000      # the fixed test set (n = 64) and 
 # -----------------------------------------------------------------------------
 # The study's sizes (one CPU thread, ~80 minutes in all; QUICK: seconds)
 
-@dataclass
-class RunConfig:
-    """What support/loop.py reads from a train config, plus the batch and the seed."""
-    max_iters: int = 2000
-    learning_rate: float = 1e-3
-    min_lr: float = 1e-5
-    warmup_iters: int = 100
-    lr_decay_iters: Optional[int] = None
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    eval_interval: int = 500
-    batch_size: int = 32
-    seed: int = 0
-
-
-FULL = dict(steps=2000, pilot_steps=500, batch_size=32, train_n=16, test_n=64, test_examples=512,
-            seeds=(0, 1, 2), pilot_seed=100, groups=GROUPS, depth_groups=("S3", "Z2"), pilot_group="S3",
-            n_embd=64, n_layer=4, n_head=4, mlp_hidden=256, lstm_layers=2, lrs=(1e-3, 3e-3),
-            eval_interval=500, timing_steps=8)
-QUICK = dict(FULL, steps=12, pilot_steps=6, batch_size=8, test_examples=32, seeds=(0, 1), groups=("S3",),
-             depth_groups=("S3",), pilot_group="S3", n_embd=32, mlp_hidden=64, lrs=(1e-3, 3e-3),
-             eval_interval=6, timing_steps=1)
-# A GPU config for the groups the CPU budget does not learn (A5, S5; see docs/word_problem.md): wider models,
-# 10x the steps, 8x the batch. Not run here (no GPU in this session); python -m studies.word_problem --gpu
-GPU = dict(FULL, steps=20000, pilot_steps=2000, batch_size=256, groups=("A5", "S5"), depth_groups=("A5",),
-           pilot_group="A5", n_embd=128, mlp_hidden=512, eval_interval=2000, timing_steps=20, device="cuda")
+# The study's recipe: a length curriculum (supervise positions 1..2, then one more whenever the training
+# loss falls below 0.3), 256 sequences a step, LR 3e-3 for every arm (the rate a fixed-length pilot on S3
+# chose for all three). The arms are the fixed-length study's sizes; A5 and S5 first.
+CURRICULUM = {"start": 2, "threshold": 0.3}
+# The fixed-length recipe (n = 16 from the first step, 32 sequences a step, 2,000 steps): it learns Z2 and
+# S3 and not A5 or S5 (docs/word_problem.md); theta_trajectories below measures the gate under it.
+FIXED_LENGTH = dict(steps=2000, batch_size=32, train_n=16, n_embd=64, n_layer=4, n_head=4, mlp_hidden=256,
+                    lstm_layers=2, test_n=64)
+FULL = dict(steps=2000, batch_size=256, train_n=16, test_n=64, test_examples=512, seeds=(0, 1, 2),
+            lever_seed=100, groups=("A5", "S5", "Z2", "S3"), depth_groups=("S3", "A5"), n_embd=64, n_layer=4,
+            n_head=4, mlp_hidden=256, lstm_layers=2, lr=3e-3, curriculum=CURRICULUM, eval_interval=250,
+            timing_steps=8, fixed_length_json="studies/results/word_problem_fixed_length.json")
+QUICK = dict(FULL, steps=12, batch_size=8, test_examples=32, seeds=(0, 1), groups=("S3",), fixed_length_json=None,
+             depth_groups=("S3",), n_embd=32, mlp_hidden=64, eval_interval=6, timing_steps=1,
+             curriculum={"start": 2, "threshold": 3.0})
+# A GPU config: wider models, 4x the steps and the batch. Not run here (no GPU was lent to this study);
+# python -m studies.word_problem --gpu
+GPU = dict(FULL, steps=10000, batch_size=1024, n_embd=128, mlp_hidden=512, eval_interval=1000,
+           timing_steps=20, device="cuda")
+# The levers of the recipe, measured one at a time on the LSTM, A5, one seed outside the test seeds:
+# name -> what differs from the recipe. "fixed_b32" is the fixed-length recipe (n = 16, 32 a step).
+LEVERS = {"recipe": {}, "fixed_b256": {"curriculum": None}, "fixed_b32": {"curriculum": None, "batch_size": 32},
+          "curriculum_b32": {"batch_size": 32}, "curriculum_b512": {"batch_size": 512},
+          "curriculum_lr1e-3": {"lr": 1e-3}, "curriculum_wide": {"width": 2}, "curriculum_steps4000": {"steps": 4000}}
 
 ARMS = ("transformer", "t2mlr", "lstm")
 ARM_STYLE = {"transformer": ("C0", "-", 1.6), "t2mlr": ("C3", "-", 3.5), "lstm": ("C2", "--", 1.6)}  # T²MLR
 # thick under the LSTM's dashes: where both are at 1.0 both stay visible
 ARM_LABEL = {"transformer": "transformer (NoPE)", "t2mlr": "T²MLR (layers 1..2 in time)", "lstm": "LSTM"}
-# the depth arm: name -> (layout or n_layer, state_passing)
-DEPTH_ARMS = {"vanilla_L3": (3, None), "base_K2": ("1+1R2+1", "base"), "base_K4": ("1+1R4+1", "base"),
-              "mesh_K1": ("1+1R1+1", "mesh"), "mesh_K2": ("1+1R2+1", "mesh"), "mesh_K4": ("1+1R4+1", "mesh"),
-              "vanilla_L6": (6, None)}
-DEPTH_ALIAS = {"base_K1": "vanilla_L3"}       # "1+1R1+1" with base passing is the 3-layer stack itself
-DEPTH_ORDER = ("vanilla_L3", "base_K1", "base_K2", "base_K4", "mesh_K1", "mesh_K2", "mesh_K4", "vanilla_L6")
-DEPTH_COLOR = {"vanilla_L3": "C0", "mesh_K1": "C0", "base_K2": "C2", "mesh_K2": "C2", "base_K4": "C3",
-               "mesh_K4": "C3", "vanilla_L6": "black"}
-DEPTH_LABEL = {"vanilla_L3": "vanilla 3 layers", "base_K1": "base 1+1R1+1 (= vanilla 3)",
-               "base_K2": "base 1+1R2+1", "base_K4": "base 1+1R4+1", "mesh_K1": "MeSH 1+1R1+1",
-               "mesh_K2": "MeSH 1+1R2+1", "mesh_K4": "MeSH 1+1R4+1", "vanilla_L6": "vanilla 6 layers"}
+# The depth arms (MeSH paper §3.1-3.2 on the word problem): name -> (n_layer or layout, state_passing). The
+# core "1+1RK+1" looped K times with each state passing, and vanilla stacks of the same unrolled depth K + 2.
+LOOPS = (1, 2, 4, 8)
+PASSINGS = ("base", "residual", "anchor", "mesh")
+DEPTH_ARMS = {f"vanilla_L{K + 2}": (K + 2, None) for K in LOOPS} | {
+    f"{passing}_K{K}": (f"1+1R{K}+1", passing) for passing in PASSINGS for K in LOOPS}
+# the same function and initialisation as another arm: base K = 1 is the 3-layer stack, and at K = 1 the
+# anchor h(0) is the loop's own input, so anchor is residual
+DEPTH_ALIAS = {"base_K1": "vanilla_L3", "anchor_K1": "residual_K1"}
+DEPTH_TRAINED = {name: shape for name, shape in DEPTH_ARMS.items() if name not in DEPTH_ALIAS}
+DEPTH_ORDER = tuple(DEPTH_ARMS)
+DEPTH_COLOR = {"vanilla": "black", "base": "C2", "residual": "C1", "anchor": "C4", "mesh": "C3"}
+DEPTH_LABEL = {"vanilla": "vanilla stack", "base": "base", "residual": "+residual", "anchor": "+anchor",
+               "mesh": "+MeSH"}
 
 
 def gpt_config(size, group, **fields) -> dict:
@@ -236,70 +231,95 @@ def accuracy_by_position(model, table, n, examples, seed, batch=256):
     return (right / examples).cpu().tolist()
 
 
-def run_one(spec, paths, log=print, device="cpu"):
-    """Train and evaluate the run `spec` (a dict: name, group, seed, model, train, train_mode, sizes), or
-    return its finished results. Resumable: a finished run (its JSON) is returned as is; an unfinished one
-    continues from its checkpoint. A JSON or checkpoint made with another spec is refused (RunError)."""
-    out_json = os.path.join(paths["runs"], spec["name"] + ".json")
+def curriculum_length(state, spec) -> int:
+    """The length supervised at the next step: spec["train_n"] without a curriculum; with one, the length
+    the curriculum has reached (state["length"], from curriculum["start"])."""
+    cur = spec.get("curriculum")
+    return spec["train_n"] if cur is None else state.setdefault("length", cur["start"])
+
+
+def advance_curriculum(state, spec, loss: float):
+    """The length curriculum (Irie et al. 2026): an exponential mean of the training loss (weight 0.1 on the
+    newest step) restarted at every length; once it falls below curriculum["threshold"] the next step
+    trains one position more, up to spec["train_n"]. state["length"], state["loss_mean"] carry it across a
+    resume; state["lengths"] records the step each length started."""
+    cur = spec.get("curriculum")
+    if cur is None or state["length"] >= spec["train_n"]:
+        return
+    mean = state.get("loss_mean")
+    state["loss_mean"] = loss if mean is None else 0.9 * mean + 0.1 * loss
+    if state["loss_mean"] < cur["threshold"]:
+        state["length"] += 1
+        state["loss_mean"] = None
+        state.setdefault("lengths", {})[str(state["length"])] = state["steps_done"]
+
+
+def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
+    """Train and evaluate the run `spec` (a dict: name, group, seed, model, train, train_mode, train_n,
+    test_n, test_examples, curriculum), or return its finished results. Resumable: a finished run (its
+    JSON, out_json or paths["runs"]/<name>.json) is returned as is; an unfinished one continues from its
+    checkpoint (ckpt_dir or paths["ckpt"]/<name>). A JSON or checkpoint made with another spec is refused
+    (RunError). With spec["curriculum"] the batch of each step is the first `length` positions of the same
+    words (curriculum_length), so every arm sees the same words."""
+    out_json = out_json or os.path.join(paths["runs"], spec["name"] + ".json")
     if os.path.exists(out_json):
-        with open(out_json) as f:
-            done = json.load(f)
+        done = read_json(out_json)
         if done["spec"] != spec:
             raise RunError(f"{out_json} was made with another spec; delete it (and its checkpoint) to rerun")
         return done
-    ckpt_dir = os.path.join(paths["ckpt"], spec["name"])
+    ckpt_dir = ckpt_dir or os.path.join(paths["ckpt"], spec["name"])
     ckpt_path = os.path.join(ckpt_dir, "ckpt.pt")
-    cfg = RunConfig(**spec["train"])
+    cfg = TrainConfig(**spec["train"])
     table = multiplication_table(spec["group"])
     torch.manual_seed(cfg.seed)
     model = build(spec["model"]).to(device)
-    trainer = make_trainer(model, cfg, device, torch.float32, ckpt_path)
-    start, state = 0, {"seconds": 0.0, "curve": []}
-    if os.path.exists(ckpt_path):
-        ckpt = load_checkpoint(ckpt_path)
+
+    def check(ckpt):
         if json.loads(ckpt["spec"]) != spec:
             raise RunError(f"{ckpt_path} was made with another spec; delete it to rerun")
-        start = resume(trainer, ckpt, ckpt_path)
-        state = json.loads(ckpt["state"])
+
+    trainer, start, ckpt = open_run(model, cfg, ckpt_path, check, device)
+    state = json.loads(ckpt["state"]) if ckpt else {"seconds": 0.0, "curve": []}
     os.makedirs(ckpt_dir, exist_ok=True)
     n_params = count_params(model)
     log(f"{spec['name']}: {n_params:,} parameters, steps {start}..{cfg.max_iters}")
-    losses = []
-
-    def train_step(step):
-        x, y = (t.to(device) for t in
+    losses = []                       # the training losses since the last evaluation
+    model.train()
+    t0 = time.time() - state["seconds"]
+    for step in range(start, cfg.max_iters + 1):
+        if evaluation_due(cfg, step, evaluated=start):       # the curve's row, then the checkpoint
+            acc = accuracy_by_position(model, table, spec["train_n"], 128, PROBE_SEED)
+            state["seconds"] = time.time() - t0
+            row = {"step": step, "acc_in": sum(acc) / len(acc)}
+            if losses:
+                row["loss"] = sum(losses) / len(losses)
+                losses.clear()
+            if spec.get("curriculum"):
+                row["length"] = curriculum_length(state, spec)
+            row |= {k: v for k, v in gate_values(model).items() if k == "theta_r"}
+            state["curve"].append(row)
+            log(f"  step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step")
+                + f", {state['seconds']:.0f} s")
+            save_state(trainer, step, [rng_states()], spec=json.dumps(spec), state=json.dumps(state))
+        if step == cfg.max_iters:
+            break
+        n = curriculum_length(state, spec)          # the words' first n positions (the curriculum's length)
+        x, y = (t[:, :n].to(device) for t in
                 make_batch(table, cfg.batch_size, spec["train_n"], batch_seed(spec["group"], cfg.seed, step)))
         loss, _, _ = optimizer_step(trainer, step, 1, lambda m, _: step_loss(m, x, y, spec["train_mode"]))
         losses.append(loss.item())
-
-    def evaluate_and_save(step):
-        acc = accuracy_by_position(model, table, spec["train_n"], 128, PROBE_SEED)
-        state["seconds"] = time.time() - t0
-        row = {"step": step, "acc_in": sum(acc) / len(acc)}
-        if losses:
-            row["loss"] = sum(losses) / len(losses)
-            losses.clear()
-        if getattr(model, "gate", None) is not None:
-            row["theta_r"] = model.gate.theta_r.item()
-        state["curve"].append(row)
-        log(f"  step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step")
-            + f", {state['seconds']:.0f} s")
-        save_state(trainer, step, [rng_states()], spec=json.dumps(spec), state=json.dumps(state))
-
-    model.train()
-    t0 = time.time() - state["seconds"]
-    run_steps(cfg, start, start, train_step, evaluate_and_save)
+        state["steps_done"] = step + 1
+        advance_curriculum(state, spec, losses[-1])
     acc = accuracy_by_position(model, table, spec["test_n"], spec["test_examples"], TEST_SEED)
-    results = {"spec": spec, "params": n_params, "train_seconds": state["seconds"],
+    results = {"spec": spec, "params": n_params, "train_seconds": state["seconds"], "steps": cfg.max_iters,
                "acc_by_position": acc, "curve": state["curve"],
                "final_loss": next((r["loss"] for r in reversed(state["curve"]) if "loss" in r), None)}
-    if getattr(model, "gate", None) is not None:
-        results["theta_r"], results["theta_x"] = model.gate.theta_r.item(), model.gate.theta_x.item()
-    os.makedirs(paths["runs"], exist_ok=True)
-    with open(out_json + ".tmp", "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(out_json + ".tmp", out_json)
-    return results
+    results["recipe"] = {"train": spec["train"], "curriculum": spec.get("curriculum"),
+                         "train_mode": spec["train_mode"], "model": spec["model"]}
+    if spec.get("curriculum"):
+        results["curriculum_lengths"] = state.get("lengths", {})
+    write_json(out_json, results | gate_values(model))
+    return results | gate_values(model)
 
 
 # -----------------------------------------------------------------------------
@@ -344,17 +364,23 @@ def measure_step_times(size, group="S5", rounds=3):
 # -----------------------------------------------------------------------------
 # The study
 
-def train_spec(size, lr, seed, steps):
-    return asdict(RunConfig(max_iters=steps, learning_rate=lr, min_lr=lr / 100, warmup_iters=max(1, steps // 20),
-                            eval_interval=min(size["eval_interval"], steps), batch_size=size["batch_size"],
-                            seed=seed))
+def train_spec(lr, seed, steps, batch_size, eval_interval) -> dict:
+    """The TrainConfig fields of one run (train.py's schedule and AdamW, the study's own values)."""
+    return dict(max_iters=steps, learning_rate=lr, min_lr=lr / 100, warmup_iters=max(1, steps // 20),
+                lr_decay_iters=None, weight_decay=0.01, beta1=0.9, beta2=0.95, grad_clip=1.0,
+                eval_interval=min(eval_interval, steps), batch_size=batch_size, seed=seed)
 
 
-def spec_of(size, stage, group, arm, seed, model, lr, train_mode, steps=None, tag=""):
+def spec_of(size, stage, group, arm, seed, model, lr, train_mode, steps=None, tag="", **changes):
+    """One run of the recipe `size` (lr and steps None: the recipe's); `changes` (batch_size, curriculum,
+    test_n) replace the recipe's."""
+    changes |= {k: v for k, v in (("lr", lr), ("steps", steps)) if v is not None}
+    recipe = {k: changes.get(k, size[k]) for k in ("lr", "batch_size", "curriculum", "steps")}
     return {"name": f"{stage}_{group}_{arm}{tag}_s{seed}", "stage": stage, "group": group, "arm": arm,
-            "seed": seed, "model": model, "train": train_spec(size, lr, seed, steps or size["steps"]),
-            "train_mode": train_mode if arm == "t2mlr" else None, "train_n": size["train_n"],
-            "test_n": size["test_n"] if stage != "pilot" else size["train_n"],
+            "seed": seed, "model": model,
+            "train": train_spec(recipe["lr"], seed, recipe["steps"], recipe["batch_size"], size["eval_interval"]),
+            "curriculum": recipe["curriculum"], "train_mode": train_mode if arm == "t2mlr" else None,
+            "train_n": size["train_n"], "test_n": changes.get("test_n", size["test_n"]),
             "test_examples": size["test_examples"]}
 
 
@@ -362,84 +388,87 @@ def in_dist(r, train_n):
     return sum(r["acc_by_position"][:train_n]) / train_n
 
 
-def pilot(size, paths, train_mode, log=print):
-    """Stage 2: the learning rate of every arm (the same candidates), then the GPT arms' initialisation."""
-    g, seed, steps, device = size["pilot_group"], size["pilot_seed"], size["pilot_steps"], size.get("device", "cpu")
-    key = lambda r: (-round(in_dist(r, size["train_n"]), 2), r["final_loss"])   # accuracy, then loss
-
-    def trial(arm, lr, init):
-        model = matched_arms(size, g, init, init)[arm]
-        tag = f"_lr{lr:g}" + (f"_{init}" if arm != "lstm" else "")
-        r = run_one(spec_of(size, "pilot", g, arm, seed, model, lr, train_mode, steps, tag), paths, log, device)
-        row = {"arm": arm, "lr": lr, "init": init if arm != "lstm" else None,
-               "acc_in": in_dist(r, size["train_n"]), "final_loss": r["final_loss"]}
-        if row not in tried:
-            tried.append(row)
-        return r
-
-    tried, chosen = [], {}
-    for arm in ARMS:
-        runs = [(lr, trial(arm, lr, "mesh")) for lr in size["lrs"]]
-        chosen[arm] = {"lr": min(runs, key=lambda p: key(p[1]))[0], "init": "mesh" if arm != "lstm" else None}
-    for arm in ("transformer", "t2mlr"):
-        runs = [(init, trial(arm, chosen[arm]["lr"], init)) for init in ("mesh", "reference")]
-        chosen[arm]["init"] = min(runs, key=lambda p: key(p[1]))[0]
-    return {"group": g, "seed": seed, "steps": steps, "tried": tried, "chosen": chosen,
-            "rule": "highest in-distribution accuracy (rounded to 0.01), then lowest final training loss"}
+def beyond(r, train_n):
+    """Mean accuracy over the positions past the training length (17..64 in the study)."""
+    acc = r["acc_by_position"][train_n:]
+    return sum(acc) / len(acc)
 
 
-def main_specs(size, chosen, train_mode, seeds=None):
+def lever_specs(size):
+    """The LSTM on A5 under the recipe and under each lever changed alone (LEVERS), one seed."""
     specs = []
-    for seed in seeds or size["seeds"]:
-        for g in size["groups"]:
-            arms = matched_arms(size, g, chosen["t2mlr"]["init"], chosen["transformer"]["init"])
-            specs += [spec_of(size, "main", g, arm, seed, arms[arm], chosen[arm]["lr"], train_mode) for arm in ARMS]
+    for name, change in LEVERS.items():
+        model = matched_arms(size, "A5")["lstm"]
+        if "width" in change:
+            model = dict(model, hidden=model["hidden"] * change["width"])
+        changes = {k: v for k, v in change.items() if k != "width"}
+        specs.append(spec_of(size, "lever", "A5", "lstm", size["lever_seed"], model, changes.pop("lr", None), None,
+                             tag=f"_{name}", **changes))
     return specs
 
 
-def depth_specs(size, chosen, seeds=None):
+def arm_spec(size, group, arm, seed, train_mode, stage="main"):
+    """One arm of the main comparison under the recipe (the CLI's single run)."""
+    return spec_of(size, stage, group, arm, seed, matched_arms(size, group)[arm], None, train_mode)
+
+
+def main_specs(size, train_mode, seeds=None):
+    """Group by group (A5 and S5 first), seed by seed, the three arms."""
+    return [arm_spec(size, g, arm, seed, train_mode) for g in size["groups"] for seed in seeds or size["seeds"]
+            for arm in ARMS]
+
+
+def long_specs(size, seeds=None):
+    """The LSTM at twice the recipe's steps, A5 then S5, seed by seed: what the steps lever buys it."""
+    return [spec_of(size, "long", g, "lstm", seed, matched_arms(size, g)["lstm"], None, None, steps=2 * size["steps"]) for g in ("A5", "S5") for seed in seeds or size["seeds"]]
+
+
+def depth_specs(size, seeds=None):
+    """The depth arms (DEPTH_TRAINED) on each depth group, trained on n = 16 and tested there; seed by seed."""
     specs = []
-    lr, init = chosen["transformer"]["lr"], chosen["transformer"]["init"]
-    for seed in seeds or size["seeds"]:
-        for g in size["depth_groups"]:
-            for arm, (shape, passing) in DEPTH_ARMS.items():
+    for g in size["depth_groups"]:
+        for seed in seeds or size["seeds"]:
+            for arm, (shape, passing) in DEPTH_TRAINED.items():
                 fields = {"n_layer": shape} if passing is None else {"layout": shape, "state_passing": passing}
-                model = {"kind": "gpt", "config": gpt_config(size, g, **init_fields(init)) | fields}
-                specs.append(spec_of(size, "depth", g, arm, seed, model, lr, None) | {"test_n": size["train_n"]})
+                model = {"kind": "gpt", "config": gpt_config(size, g) | fields}
+                specs.append(spec_of(size, "depth", g, arm, seed, model, None, None, test_n=size["train_n"]))
     return specs
+
+
+def frontier(acc, level=0.9) -> int:
+    """The last position up to which the accuracy stays >= level (0 when position 1 is below it)."""
+    return next((t for t, a in enumerate(acc) if a < level), len(acc))
 
 
 def t_interval(values):
     """(mean, low, high): the 95% Student-t interval of the mean (low = high = mean for one value)."""
-    from scipy import stats
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
+    mean, sd = mean_std(values)
+    if len(values) < 2:
         return mean, mean, mean
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    half = t_quantile(0.975, len(values) - 1) * sd / math.sqrt(len(values))
     return mean, mean - half, mean + half
 
 
-def aggregate(runs, arms, train_n, test_n):
-    """{arm: {"seeds", "params", "mean", "lo", "hi" (per position), "summary"}} over the runs found."""
+def aggregate(runs, arms, train_n):
+    """{arm: {"seeds", "params", "mean", "lo", "hi" (per position), "summary", "frontier" (one per seed)}}
+    over the runs found, seeds in the order of `runs`."""
     out = {}
     for arm in arms:
-        rs = [r for r in runs if r["spec"]["arm"] == arm]
+        rs = sorted((r for r in runs if r["spec"]["arm"] == arm), key=lambda r: r["spec"]["seed"])
         if not rs:
             continue
         n = min(len(r["acc_by_position"]) for r in rs)
         cols = [t_interval([r["acc_by_position"][t] for r in rs]) for t in range(n)]
-        summary = {"in_dist_mean_1_16": t_interval([sum(r["acc_by_position"][:train_n]) / train_n for r in rs])}
+        summary = {"in_dist_mean_1_16": t_interval([in_dist(r, train_n) for r in rs])}
         for t in sorted({train_n, 2 * train_n, 3 * train_n, 4 * train_n}):
             if t <= n:
                 summary[f"pos_{t}"] = cols[t - 1]
         if n > train_n:
-            summary[f"beyond_mean_{train_n + 1}_{n}"] = t_interval(
-                [sum(r["acc_by_position"][train_n:n]) / (n - train_n) for r in rs])
+            summary[f"beyond_mean_{train_n + 1}_{n}"] = t_interval([beyond(r, train_n) for r in rs])
         out[arm] = {"seeds": [r["spec"]["seed"] for r in rs], "params": sorted({r["params"] for r in rs}),
                     "mean": [c[0] for c in cols], "lo": [c[1] for c in cols], "hi": [c[2] for c in cols],
-                    "summary": summary, "train_seconds": [r["train_seconds"] for r in rs],
+                    "summary": summary, "frontier": [frontier(r["acc_by_position"]) for r in rs],
+                    "train_seconds": [r["train_seconds"] for r in rs],
                     "final_loss": [r["final_loss"] for r in rs]}
         if "theta_r" in rs[0]:
             out[arm]["theta_r"] = [r["theta_r"] for r in rs]
@@ -451,40 +480,75 @@ def load_runs(paths, stage):
     if os.path.isdir(paths["runs"]):
         for name in sorted(os.listdir(paths["runs"])):
             if name.startswith(stage + "_") and name.endswith(".json"):
-                with open(os.path.join(paths["runs"], name)) as f:
-                    runs.append(json.load(f))
+                runs.append(read_json(os.path.join(paths["runs"], name)))
     return runs
+
+
+def paired_difference(a, b):
+    """a - b over the seeds both have ({seed: value} each): (mean, low, high, pairs) of the paired 95% t
+    interval (low = high = mean for one pair), or None without a common seed."""
+    if not set(a) & set(b):
+        return None
+    st = paired_stats(a, b)
+    low, high = st["ci"] or (st["diff"], st["diff"])
+    return st["diff"], low, high, st["n"]
+
+
+def depth_summary(depth):
+    """Per depth group: the frontier (mean over seeds [95% t]) of every arm, and MeSH − base paired by
+    seed at each K (base K = 1 is the 3-layer stack)."""
+    out = {}
+    for g, arms in depth.items():
+        by_seed = {arm: dict(zip(r["seeds"], r["frontier"])) for arm, r in arms.items()}
+        out[g] = {"frontier": {arm: t_interval(r["frontier"]) for arm, r in arms.items()},
+                  "mesh_minus_base": {f"K{K}": paired_difference(by_seed.get(f"mesh_K{K}", {}),
+                                                                 by_seed.get(f"base_K{K}", {})) for K in LOOPS}}
+    return out
+
+
+def fixed_length_results(size, groups):
+    """The fixed-length recipe's results (its committed JSON) of `groups`, for the figure's panels of the
+    groups this study has not run; {} when there is none."""
+    path = size.get("fixed_length_json")
+    if not path or not os.path.exists(path):
+        return {}
+    results = read_json(path)["results"]
+    return {g: results[g] for g in groups if results.get(g)}
 
 
 def report(size, paths, command, extra):
     """Assemble the JSON and the figures from the per-run results finished so far."""
-    main_runs, depth_runs = load_runs(paths, "main"), load_runs(paths, "depth")
-    results = {g: aggregate([r for r in main_runs if r["spec"]["group"] == g], ARMS, size["train_n"],
-                            size["test_n"]) for g in size["groups"]}
+    train_n = size["train_n"]
+    main_runs, depth_runs, lever_runs, long_runs = (load_runs(paths, stage) for stage in ("main", "depth", "lever", "long"))
+    results = {g: aggregate([r for r in main_runs if r["spec"]["group"] == g], ARMS, train_n)
+               for g in size["groups"]}
     depth = {}
     for g in size["depth_groups"]:
-        agg = aggregate([r for r in depth_runs if r["spec"]["group"] == g], DEPTH_ARMS, size["train_n"],
-                        size["train_n"])
+        agg = aggregate([r for r in depth_runs if r["spec"]["group"] == g], DEPTH_TRAINED, train_n)
         for alias, target in DEPTH_ALIAS.items():
             if target in agg:
                 agg[alias] = dict(agg[target], alias_of=target)
         depth[g] = {a: agg[a] for a in DEPTH_ORDER if a in agg}
-    expected = len(main_specs(size, extra["pilot"]["chosen"], extra["timing"]["chosen_train_mode"])) \
-        if "pilot" in extra else None
+    levers = {r["spec"]["name"].split("_lstm_", 1)[1].rsplit("_s", 1)[0]:
+              {"change": LEVERS.get(r["spec"]["name"].split("_lstm_", 1)[1].rsplit("_s", 1)[0]),
+               "acc_1_16": in_dist(r, train_n), "acc_17_64": beyond(r, train_n),
+               "frontier": frontier(r["acc_by_position"]), "minutes": r["train_seconds"] / 60,
+               "final_loss": r["final_loss"], "curriculum_lengths": r.get("curriculum_lengths")}
+              for r in lever_runs}
     doc = {"command": command, "task": {
-               "groups": {g: len(group_elements(g)) for g in size["groups"]}, "train_n": size["train_n"],
-               "train_lengths": "fixed n = 16 (every position 1..16 trained on its running product)",
+               "groups": {g: len(group_elements(g)) for g in GROUPS}, "train_n": train_n,
+               "train_lengths": "n = 16; the curriculum supervises positions 1..L, L from 2 up to 16",
                "test_n": size["test_n"], "test_examples": size["test_examples"],
                "convention": "(p·q)(i) = p(q(i)); s_t = s_{t-1}·a_t; ids = lexicographic order, identity 0"},
            "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in size.items()},
-           "finished_runs": {"main": len(main_runs), "depth": len(depth_runs), "main_expected": expected,
-                             "depth_expected": len(depth_specs(size, extra["pilot"]["chosen"]))
-                             if "pilot" in extra else None},
-           **extra, "results": results, "depth": depth}
-    os.makedirs(os.path.dirname(paths["json"]) or ".", exist_ok=True)
-    with open(paths["json"] + ".tmp", "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(paths["json"] + ".tmp", paths["json"])
+           "finished_runs": {"levers": len(lever_runs), "main": len(main_runs), "depth": len(depth_runs),
+                             "levers_expected": len(LEVERS), "main_expected": len(main_specs(size, None)),
+                             "depth_expected": len(depth_specs(size))},
+           **extra, "levers": levers, "results": results,
+           "results_lstm_twice_the_steps": {g: aggregate([r for r in long_runs if r["spec"]["group"] == g], ("lstm",), train_n)
+                                            for g in ("A5", "S5")}, "depth": depth, "depth_summary": depth_summary(depth),
+           "fixed_length": fixed_length_results(size, [g for g in GROUPS if not results.get(g)])}
+    write_json(paths["json"], doc)
     written = [paths["json"]] + plot_groups(doc, paths) + plot_depth_vs_time(doc, paths)
     return doc, written
 
@@ -507,61 +571,72 @@ def _band(ax, r, label, color, style="-", lw=1.6):
 
 
 def plot_groups(doc, paths):
-    """One figure per group: accuracy against position, one line per arm (mean over seeds, 95% t band)."""
-    plt, written = _plt(), []
-    train_n = doc["task"]["train_n"]
-    for g, arms in doc["results"].items():
-        if not arms:
-            continue
-        fig, ax = plt.subplots(figsize=(7, 4.6))
+    """One figure, a panel per group: accuracy against position, one line per arm (mean over seeds, 95% t
+    band), the training length shaded."""
+    panels = {g: (arms, "") for g, arms in doc["results"].items() if arms}
+    panels |= {g: (arms, ", fixed-length recipe") for g, arms in doc.get("fixed_length", {}).items()}
+    groups = [g for g in GROUPS if g in panels]
+    if not groups:
+        return []
+    plt, train_n = _plt(), doc["task"]["train_n"]
+    cols = min(2, len(groups))
+    rows = (len(groups) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 3.8 * rows), squeeze=False)
+    for ax, g in zip(axes.flat, groups):
+        arms, recipe = panels[g]
         for arm, r in arms.items():
             seeds = len(r["seeds"])
-            _band(ax, r, f"{ARM_LABEL[arm]}, {r['params'][0]:,} params ({seeds} seed{'s' * (seeds > 1)})",
-                  *ARM_STYLE[arm])
+            _band(ax, r, f"{ARM_LABEL[arm]} ({seeds} seed{'s' * (seeds > 1)})", *ARM_STYLE[arm])
         ax.axvspan(0.5, train_n + 0.5, color="grey", alpha=0.08, lw=0)
         ax.axvline(train_n + 0.5, color="black", ls=":", lw=1)
         ax.axhline(1 / doc["task"]["groups"][g], color="grey", ls="--", lw=1)
         ax.text(train_n + 1, 0.03, f"training length {train_n}", fontsize=8)
         ax.set(xlabel="position t (running product of t elements)", ylabel="accuracy of s_t",
                ylim=(-0.02, 1.02), xlim=(0.5, doc["task"]["test_n"] + 0.5),
-               title=f"The word problem of {g} (|G| = {doc['task']['groups'][g]}; dashed: chance)")
+               title=f"{g} (|G| = {doc['task']['groups'][g]}; dashed: chance{recipe})")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
-        fig.tight_layout()
-        path = os.path.join(paths["assets"], f"word_problem_{g}.png")
-        os.makedirs(paths["assets"], exist_ok=True)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
-    return written
+        ax.legend(fontsize=7, loc="center right")
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    path = os.path.join(paths["assets"], "word_problem_groups.png")
+    os.makedirs(paths["assets"], exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
 
 
 def plot_depth_vs_time(doc, paths):
-    """Left: depth within the training length (the depth arm at n = 16); right: recurrence in time beyond it
-    (the main arms to n = 64), one row per depth group."""
+    """Left: what depth buys within the training length, the frontier (the last position with accuracy
+    >= 0.9, n = 16) against unrolled depth, a line per state passing; right: what recurrence in time buys
+    beyond it, the main arms' accuracy to n = 64. One row per depth group."""
     rows = [g for g, d in doc["depth"].items() if d]
     if not rows:
         return []
     plt = _plt()
     train_n = doc["task"]["train_n"]
-    fig, axes = plt.subplots(len(rows), 2, figsize=(12, 3.6 * len(rows)), squeeze=False,
-                             gridspec_kw={"width_ratios": [1, 1.6]})
+    fig, axes = plt.subplots(len(rows), 2, figsize=(12, 3.8 * len(rows)), squeeze=False,
+                             gridspec_kw={"width_ratios": [1, 1.5]})
     for (ax_d, ax_t), g in zip(axes, rows):
-        for arm, r in doc["depth"][g].items():
-            if "alias_of" not in r:          # colour by unrolled depth, MeSH dashed
-                _band(ax_d, r, DEPTH_LABEL[arm] + (" (= base K=1)" if arm == "vanilla_L3" else ""),
-                      DEPTH_COLOR[arm], "--" if arm.startswith("mesh") else "-")
-        ax_d.set(xlabel="position t (n = 16, in distribution)", ylabel=f"{g}: accuracy of s_t",
-                 ylim=(-0.02, 1.02), title=f"depth: {g} within the training length")
-        ax_d.axhline(1 / len(group_elements(g)), color="grey", ls="--", lw=1)
+        arms = doc["depth"][g]
+        for family in ("vanilla", *PASSINGS):
+            points = [(unrolled_layers(a), t_interval(r["frontier"])) for a, r in arms.items()
+                      if a.split("_")[0] == family]
+            if points:
+                xs, cis = zip(*sorted(points))
+                ax_d.errorbar(xs, [c[0] for c in cis], yerr=[[c[0] - c[1] for c in cis], [c[2] - c[0] for c in cis]],
+                              color=DEPTH_COLOR[family], marker="o", capsize=3, label=DEPTH_LABEL[family],
+                              ls="--" if family == "mesh" else "-")
+        ax_d.set(xlabel="unrolled depth (layer applications per token)", ylabel=f"{g}: frontier (position)",
+                 ylim=(0, train_n + 0.5), title=f"depth: {g} within the training length (n = {train_n})")
+        ax_d.set_xscale("log", base=2)
         ax_d.legend(fontsize=7)
         for arm, r in doc["results"].get(g, {}).items():
             _band(ax_t, r, ARM_LABEL[arm], *ARM_STYLE[arm])
         ax_t.axvspan(0.5, train_n + 0.5, color="grey", alpha=0.08, lw=0)
         ax_t.axvline(train_n + 0.5, color="black", ls=":", lw=1)
-        ax_t.text(train_n + 1, 0.03, f"training length {train_n}", fontsize=8)
         ax_t.axhline(1 / len(group_elements(g)), color="grey", ls="--", lw=1)
-        ax_t.set(xlabel="position t (trained to 16, tested to 64)", ylim=(-0.02, 1.02),
+        ax_t.set(xlabel=f"position t (trained to {train_n}, tested to {doc['task']['test_n']})", ylim=(-0.02, 1.02),
                  title=f"time: {g} beyond the training length")
         ax_t.legend(fontsize=7)
         for ax in (ax_d, ax_t):
@@ -569,14 +644,20 @@ def plot_depth_vs_time(doc, paths):
     fig.tight_layout()
     path = os.path.join(paths["assets"], "word_problem_depth_vs_time.png")
     os.makedirs(paths["assets"], exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
 
 
 # -----------------------------------------------------------------------------
 
-def study_paths(root=None):
+def study_paths(root=None, report_only=False):
+    """Where a study reads and writes. The default root is the committed one (the runs in
+    studies/results/word_problem, the figures in assets/); a report of it alone goes to
+    out/word_problem_report, so that reading the tables rewrites no tracked file."""
+    if root is None and report_only:
+        return dict(study_paths(), json="out/word_problem_report/word_problem.json",
+                    assets="out/word_problem_report")
     if root is None:
         return {"runs": "studies/results/word_problem", "ckpt": "out/word_problem",
                 "json": "studies/results/word_problem.json", "assets": "assets"}
@@ -584,74 +665,93 @@ def study_paths(root=None):
             "json": os.path.join(root, "word_problem.json"), "assets": root}
 
 
-def run_study(size, paths, command, report_only=False, log=print):
-    """Every stage in order (each run skipped when finished), then the report. report_only: assemble what
-    has finished, training nothing (the timing and pilot must exist)."""
-    os.makedirs(paths["runs"], exist_ok=True)
+STAGES = ("levers", "main", "long", "depth")
+
+
+def timing_of(size, paths, measure=True):
+    """Stage 1, measured once and stored (paths["runs"]/timing.json): exact vs Jacobi training steps."""
     timing_path = os.path.join(paths["runs"], "timing.json")
     if os.path.exists(timing_path):
-        with open(timing_path) as f:
-            timing = json.load(f)
-    elif report_only:
+        return read_json(timing_path)
+    if not measure:
         raise RunError(f"no {timing_path}: run the study first")
-    else:
-        timing = measure_step_times(size)
-        with open(timing_path, "w") as f:
-            json.dump(timing, f, indent=1)
+    timing = measure_step_times(size)
+    write_json(timing_path, timing)
+    return timing
+
+
+def stage_specs(size, stage, train_mode):
+    return {"levers": lambda: lever_specs(size), "main": lambda: main_specs(size, train_mode),
+            "long": lambda: long_specs(size),
+            "depth": lambda: depth_specs(size)}[stage]()
+
+
+def run_locked(spec, paths, log, device):
+    """run_one, unless another process holds the run's lock (then None): two study processes launched on
+    one root share its runs. The lock (fcntl.flock) goes with the process, so a killed one leaves none."""
+    import fcntl
+    os.makedirs(paths["ckpt"], exist_ok=True)
+    with open(os.path.join(paths["ckpt"], spec["name"] + ".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"{spec['name']}: another process trains it, skipped")
+            return None
+        return run_one(spec, paths, log, device)
+
+
+def run_study(size, paths, command, report_only=False, stages=STAGES, log=print):
+    """The stages in order (each run skipped when finished), the report after each group. report_only:
+    assemble what has finished, training nothing (the timing must exist)."""
+    os.makedirs(paths["runs"], exist_ok=True)
+    timing = timing_of(size, paths, measure=not report_only)
     s = timing["seconds_per_step"]
     log(f"T²MLR step: exact {s['exact'] * 1e3:.1f} ms, Jacobi D=16 b=15 {s['jacobi_D16_b15'] * 1e3:.1f} ms, "
         f"b=4 {s['jacobi_D16_b4'] * 1e3:.1f} ms -> train_mode {timing['chosen_train_mode']!r}")
-    mode = timing["chosen_train_mode"]
-    if report_only:
-        pilot_doc = pilot(size, paths, mode, log=lambda *_: None) if _pilot_done(size, paths) else None
-        if pilot_doc is None:
-            raise RunError("the pilot has not finished: run the study first")
-    else:
-        pilot_doc = pilot(size, paths, mode, log)
-    log(f"pilot chose {pilot_doc['chosen']}")
-    extra = {"timing": timing, "pilot": pilot_doc}
+    extra = {"timing": timing}
     if not report_only:
-        # seed by seed, the main runs then the depth runs: a stopped study has balanced partial results
-        specs = [[*main_specs(size, pilot_doc["chosen"], mode, [seed]), *depth_specs(size, pilot_doc["chosen"], [seed])]
-                 for seed in size["seeds"]]
-        t_start, total, i = time.time(), sum(map(len, specs)), 0
-        for seed_specs in specs:
-            for spec in seed_specs:
-                i += 1
-                log(f"[{i}/{total}, {(time.time() - t_start) / 60:.1f} min]")
-                run_one(spec, paths, log, size.get("device", "cpu"))
-            report(size, paths, command, extra)           # the figures after every seed, for the impatient
+        t_start = time.time()
+        for stage in stages:
+            specs = stage_specs(size, stage, timing["chosen_train_mode"])
+            for i, spec in enumerate(specs):
+                log(f"[{stage} {i + 1}/{len(specs)}, {(time.time() - t_start) / 60:.1f} min]")
+                run_locked(spec, paths, log, size.get("device", "cpu"))
+                if i + 1 == len(specs) or spec["group"] != specs[i + 1]["group"]:
+                    report(size, paths, command, extra)          # the figures after every group
     return report(size, paths, command, extra)
 
 
-def _pilot_done(size, paths):
-    n = len(ARMS) * len(size["lrs"]) + 2
-    return len(load_runs(paths, "pilot")) >= n
-
-
 def markdown_summary(doc) -> str:
-    """The tables of docs/word_problem.md: per group and arm, accuracy (mean over seeds [95% t interval]) in
-    distribution and at positions 32, 48, 64; the depth arm at positions 4, 8, 16 and over 1..16."""
+    """The tables of docs/word_problem.md: the levers; per group and arm, accuracy (mean over seeds [95% t
+    interval]) in distribution, beyond it and at positions 16..64; the depth arms' frontiers and MeSH − base."""
     fmt = lambda v: f"{v[0]:.3f} [{max(0.0, v[1]):.2f}, {min(1.0, v[2]):.2f}]"
-    lines = ["| group | arm | params | seeds | mean acc, t = 1..16 | t = 16 | t = 32 | t = 48 | t = 64 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| lever (LSTM, A5, one seed) | acc t = 1..16 | acc t = 17..64 | frontier | minutes |",
+             "|---|---|---|---|---|"]
+    for name, r in doc.get("levers", {}).items():
+        lines.append(f"| {name} | {r['acc_1_16']:.3f} | {r['acc_17_64']:.3f} | {r['frontier']} | {r['minutes']:.1f} |")
+    lines += ["", "| group | arm | params | seeds | acc t = 1..16 | acc t = 17..64 | t = 16 | t = 32 | t = 64 | "
+              "minutes |", "|---|---|---|---|---|---|---|---|---|---|"]
     for g, arms in doc["results"].items():
         for arm, r in arms.items():
             s = r["summary"]
             lines.append(f"| {g} | {ARM_LABEL[arm]} | {r['params'][0]:,} | {len(r['seeds'])} | "
                          + " | ".join(fmt(s[k]) if k in s else "–" for k in
-                                      ("in_dist_mean_1_16", "pos_16", "pos_32", "pos_48", "pos_64")) + " |")
+                                      ("in_dist_mean_1_16", "beyond_mean_17_64", "pos_16", "pos_32", "pos_64"))
+                         + f" | {sum(r['train_seconds']) / len(r['train_seconds']) / 60:.1f} |")
     for g, arms in doc["depth"].items():
         if not arms:
             continue
-        lines += ["", f"Depth arm, {g}, n = 16:", "",
-                  "| arm | unrolled layers | params | seeds | mean acc, t = 1..16 | t = 4 | t = 8 | t = 16 |",
-                  "|---|---|---|---|---|---|---|---|"]
+        summary = doc["depth_summary"][g]
+        lines += ["", f"Depth arms, {g}, n = 16 (frontier: the last position with accuracy >= 0.9):", "",
+                  "| arm | unrolled layers | params | seeds | frontier | acc t = 1..16 |", "|---|---|---|---|---|---|"]
         for arm, r in arms.items():
-            s, m, lo, hi = r["summary"], r["mean"], r["lo"], r["hi"]
-            at = lambda t: fmt((m[t - 1], lo[t - 1], hi[t - 1]))
-            lines.append(f"| {DEPTH_LABEL[arm]} | {unrolled_layers(arm)} | {r['params'][0]:,} | {len(r['seeds'])} | "
-                         f"{fmt(s['in_dist_mean_1_16'])} | {at(4)} | {at(8)} | {at(16)} |")
+            lines.append(f"| {arm}{' (= ' + r['alias_of'] + ')' if 'alias_of' in r else ''} | {unrolled_layers(arm)} | "
+                         f"{r['params'][0]:,} | {len(r['seeds'])} | {fmt(summary['frontier'][arm])} | "
+                         f"{fmt(r['summary']['in_dist_mean_1_16'])} |")
+        diffs = [f"K = {k[1:]}: {d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}] ({d[3]} seeds)"
+                 for k, d in summary["mesh_minus_base"].items() if d]
+        if diffs:
+            lines += ["", "MeSH − base frontier, paired by seed: " + "; ".join(diffs)]
     return "\n".join(lines)
 
 
@@ -664,19 +764,55 @@ def unrolled_layers(arm) -> int:
                      layout=shape, state_passing=passing).n_unrolled
 
 
+def single_run(args, size):
+    """One arm, group and seed under the recipe into args.out: result.json (acc_by_position, the recipe, the
+    steps, the seconds) and ckpt.pt while it trains; resumable as the study's runs are."""
+    timing = {"chosen_train_mode": "exact"}                 # the study measures it; exact is its choice on CPU
+    spec = arm_spec(size, args.group, args.arm, args.seed, timing["chosen_train_mode"], stage="run")
+    out_json = os.path.join(args.out, "result.json")
+    r = run_one(spec, None, device=size.get("device", "cpu"), out_json=out_json, ckpt_dir=args.out)
+    print(f"{args.arm} on {args.group}, seed {args.seed}: accuracy t = 1..{size['train_n']} "
+          f"{in_dist(r, size['train_n']):.3f}, t = {size['train_n'] + 1}..{size['test_n']} "
+          f"{beyond(r, size['train_n']):.3f}, frontier {frontier(r['acc_by_position'])}, "
+          f"{r['train_seconds'] / 60:.1f} min; wrote {out_json}")
+    return r
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):               # one line, as every other bad input
+        raise RunError(f"{message} (python -m studies.word_problem --help)")
+
+
+def parse_args(argv):
+    p = _Parser(prog="python -m studies.word_problem", description="The word problem of a group.")
+    p.add_argument("--quick", action="store_true", help="every stage at toy size, into out/word_problem_quick")
+    p.add_argument("--gpu", action="store_true", help="the GPU config, into out/word_problem_gpu")
+    p.add_argument("--report", action="store_true", help="the JSON and figures from the finished runs")
+    p.add_argument("--root", help="the study's folder (default: studies/results/word_problem + assets/)")
+    p.add_argument("--stage", choices=STAGES, action="append", help="run only this stage (repeatable)")
+    p.add_argument("--group", choices=GROUPS, help="one run: the group")
+    p.add_argument("--arm", choices=ARMS, help="one run: the arm")
+    p.add_argument("--seed", type=int, default=0, help="one run: the seed (default 0)")
+    p.add_argument("--out", help="one run: its folder (result.json, ckpt.pt)")
+    args = p.parse_args(argv)
+    one = (args.group, args.arm, args.out)
+    if any(one) and not all(one):
+        raise RunError("one run needs --group, --arm and --out (and optionally --seed)")
+    if args.quick and args.gpu:
+        raise RunError("--quick and --gpu are two sizes: give one")
+    return args
+
+
 def main(argv):
-    quick, gpu, report_only = "--quick" in argv, "--gpu" in argv, "--report" in argv
-    root = next((a.split("=", 1)[1] for a in argv if a.startswith("--root=")), None)
-    unknown = [a for a in argv if a not in ("--quick", "--gpu", "--report") and not a.startswith("--root=")]
-    if unknown or (quick and gpu):
-        raise RunError(f"unknown arguments {unknown or argv}: the study takes one of --quick, --gpu, and "
-                       f"--report, --root=DIR")
-    size = QUICK if quick else GPU if gpu else FULL
-    if root is None and (quick or gpu):
-        root = "out/word_problem_quick" if quick else "out/word_problem_gpu"
+    args = parse_args(argv)
+    size = QUICK if args.quick else GPU if args.gpu else FULL
+    if args.out:
+        return single_run(args, size)
+    root = args.root or ("out/word_problem_quick" if args.quick else "out/word_problem_gpu" if args.gpu else None)
     threads = os.environ.get("OMP_NUM_THREADS")
     command = " ".join(([f"OMP_NUM_THREADS={threads}"] if threads else []) + ["python -m studies.word_problem", *argv])
-    doc, written = run_study(size, study_paths(root), command, report_only)
+    doc, written = run_study(size, study_paths(root, args.report), command, args.report,
+                             tuple(args.stage or STAGES))
     print("wrote " + ", ".join(written))
     print(markdown_summary(doc))
 
@@ -692,12 +828,6 @@ if __name__ == "__main__":
 # -----------------------------------------------------------------------------
 # How fast the gate opens: θ_r against steps for both initialisations and gate LR multipliers
 
-@dataclass
-class ThetaConfig(RunConfig):
-    """RunConfig plus the gate's learning-rate multiplier (support/loop.make_trainer reads it)."""
-    gate_lr_multiplier: float = 1.0
-
-
 def theta_trajectories(group="S3", steps=300, lr=3e-3, seed=100, every=25, log=print):
     """T²MLR on `group` (the study's FULL size, exact training, the chosen lr; seed 100 is the pilot's, not a
     test seed) trained `steps` steps in four settings: init ours / the reference's, gate_lr_multiplier 1 / 10,
@@ -707,18 +837,19 @@ def theta_trajectories(group="S3", steps=300, lr=3e-3, seed=100, every=25, log=p
     for init in ("mesh", "reference"):
         for m in (1.0, 10.0):
             torch.manual_seed(seed)
-            model = build(matched_arms(FULL, group, init_t2mlr=init)["t2mlr"]).train()
-            cfg = ThetaConfig(max_iters=steps, learning_rate=lr, min_lr=lr / 100, warmup_iters=max(1, steps // 20),
-                              gate_lr_multiplier=m)
+            model = build(matched_arms(FIXED_LENGTH, group, init_t2mlr=init)["t2mlr"]).train()
+            cfg = TrainConfig(max_iters=steps, learning_rate=lr, min_lr=lr / 100, warmup_iters=max(1, steps // 20),
+                              weight_decay=0.01, gate_lr_multiplier=m)
             trainer = make_trainer(model, cfg, "cpu", torch.float32, ckpt_path="(not saved)")
             row = {"step": [], "theta_r": []}
             for step in range(steps):
-                x, y = make_batch(table, FULL["batch_size"], FULL["train_n"], batch_seed(group, seed, step))
+                x, y = make_batch(table, FIXED_LENGTH["batch_size"], FIXED_LENGTH["train_n"],
+                                  batch_seed(group, seed, step))
                 optimizer_step(trainer, step, 1, lambda model, micro: step_loss(model, x, y, "exact"))
                 if step % every == 0 or step == steps - 1:
                     row["step"].append(step)
                     row["theta_r"].append(model.gate.theta_r.item())
-            acc = accuracy_by_position(model, table, FULL["train_n"], 128, PROBE_SEED)
+            acc = accuracy_by_position(model, table, FIXED_LENGTH["train_n"], 128, PROBE_SEED)
             row["accuracy"] = sum(acc) / len(acc)
             out[f"init {init}, gate lr x{m:g}"] = row
             log(f"{group} init {init}, gate lr x{m:g}: θ_r {row['theta_r'][-1]:.3f} at step {steps - 1}, "

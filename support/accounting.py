@@ -1,7 +1,9 @@
 """Accounting for a GPT (model.py): parameter counts, layer passes and FLOPs per training token, the
 middle-layer passes T²MLR runs, and the summary `python model.py config/<name>.py` prints."""
 
+import contextlib
 import sys
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -87,6 +89,13 @@ class count_middle_passes:
     def count(self, module, args):
         self.n += 1
 
+    @contextlib.contextmanager
+    def counting(self, passes: list):
+        """Around one forward: n from 0, and the passes it ran appended to `passes` at the end."""
+        self.n = 0
+        yield
+        passes.append(self.n)
+
     def close(self):
         if self.handle is not None:
             self.handle.remove()
@@ -126,6 +135,14 @@ def summary(cfg: GPTConfig) -> str:
         )
     lines.append(f"train FLOPs/token  {train_flops_per_token(model):,.0f} at T={cfg.block_size}")
     return "\n".join(lines)
+
+
+def exact_training_flops_per_token(model_cfg) -> float:
+    """Training FLOPs per token of T²MLR trained exactly (train_mode 'exact'): the middle layers once forward
+    and once backward per token, the gate once, as Jacobi with D = 1 (train_flops_per_token counts sweeps)."""
+    with torch.device("meta"):
+        return train_flops_per_token(GPT(replace(model_cfg, jacobi_sweeps=1, jacobi_grad_sweeps=0,
+                                                 jacobi_tol=0.0, jacobi_checkpoint=False, jacobi_init="zero")))
 
 
 def main(argv=None):

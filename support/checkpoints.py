@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from support.compat import upgrade_config, upgrade_state_dict
-from support.runtime import RunError
+from support.runtime import RunError, check_device
 
 
 def state_differences(source: dict, own: dict, optional=lambda name: False) -> list:
@@ -356,24 +356,22 @@ def init_weights_from(model, path):
     model.load_state_dict(source, strict=False)
 
 
-def check_device(name):
-    """Raise RunError when the device `name` ('cpu', 'cuda', 'cuda:N', 'mps'; what resolve_device returns)
-    is malformed or not on this machine: no CUDA, no GPU N, no MPS. One line, naming what is valid."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        device = None
-    if device is None or device.type not in ("cpu", "cuda", "mps"):
-        raise RunError(f"device {name!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RunError(f"device {name!r} asks for CUDA, which is not available here: choose device 'cpu' "
-                       f"(or 'auto', the best one here)")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise RunError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
-                       f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise RunError(f"device {name!r} asks for Apple's MPS, which is not available here: choose device "
-                       f"'cpu' (or 'auto', the best one here)")
+_LOCKS = {}          # the out_dir locks this process holds, by the lock file's real path
+
+
+def refuse_if_locked(out_dir):
+    """Raise RunError, naming its pid, when another process holds out_dir/.lock (lock_out_dir); writes
+    nothing, so a run can ask before its checks and take the lock only once they have passed."""
+    path = os.path.join(out_dir, ".lock")
+    if not os.path.isfile(path) or os.path.realpath(path) in _LOCKS:
+        return
+    with open(path) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = f.read().strip() or "unknown"
+            raise RunError(f"{out_dir} is in use by another run (pid {holder}, which holds {path}): wait for it "
+                           f"to end, or choose another out_dir") from None
 
 
 def lock_out_dir(out_dir):
@@ -384,6 +382,9 @@ def lock_out_dir(out_dir):
     if not out_dir:
         raise RunError("out_dir is empty (''): name the folder for the checkpoint and log, e.g. --out_dir=out")
     path = os.path.join(out_dir, ".lock")
+    held = _LOCKS.pop(os.path.realpath(path), None)
+    if held is not None:          # this process's own, from a run that ended in an exception: taken anew
+        held.close()
     try:
         os.makedirs(out_dir, exist_ok=True)
         f = open(path, "a+")
@@ -401,4 +402,5 @@ def lock_out_dir(out_dir):
     f.truncate()
     f.write(f"{os.getpid()}\n")
     f.flush()
+    _LOCKS[os.path.realpath(path)] = f
     return f

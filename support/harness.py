@@ -44,8 +44,8 @@ from tqdm import tqdm
 
 from support.config import ConfigError
 from model import GPT
-from support.checkpoints import check_device, load_model, recorded_tokenizer
-from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
+from support.checkpoints import load_model, recorded_tokenizer
+from support.runtime import RunError, autocast_context, check_device, resolve_device, resolve_dtype
 from support.tokenizers import DataError, get_tokenizer
 
 MODES = ("exact", "jacobi", "converged")

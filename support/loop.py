@@ -1,15 +1,17 @@
 """
-The training loop's machinery, one implementation for train.py and the S5 study (studies/s5_retrieval.py):
-the learning-rate schedule, one optimizer step (gradient accumulation, DDP's sync on the last micro-step,
-the finite-loss check, clipping, the update), the loop over the steps with an evaluation and checkpoint
-after every eval_interval updates and after the last, the training state saved at each and resumed from it,
-and the mean loss over fixed batches. Each script supplies its own batches, evaluation and log lines.
+The training loop's pieces, plain functions for train.py and the studies: the trainer (AdamW with its
+parameter groups, the GradScaler, autocast), the learning-rate schedule, when to evaluate, the training
+state saved and resumed, the mean loss over fixed batches; and one optimizer step for the studies
+(train.py writes its own on the page, with gradient accumulation and DDP's sync).
 
     trainer = make_trainer(raw_model, cfg, device, dtype, ckpt_path)
     start = resume(trainer, load_checkpoint(ckpt_path), ckpt_path) if resuming else 0
-    run_steps(cfg, start, evaluated=start if resuming else None,
-              train_step=lambda step: optimizer_step(trainer, step, 1, lambda model, m: model(x, y)[1]),
-              evaluate_and_save=lambda step: save_state(trainer, step, [rng_states()], ...))
+    for step in range(start, cfg.max_iters + 1):
+        if evaluation_due(cfg, step, evaluated=start):
+            save_state(trainer, step, [rng_states()], ...)
+        if step == cfg.max_iters:
+            break
+        optimizer_step(trainer, step, 1, lambda model, micro: model(x, y)[1])
 """
 
 import math
@@ -36,6 +38,7 @@ class Trainer:
     device: str
     ckpt_path: str                        # where save_state writes (named by the non-finite-loss error)
     ddp: bool = False                     # model is DDP-wrapped: gradients sync on the last micro-step
+    compiled: bool = False                # model is raw_model compiled (torch.compile)
 
 
 def make_trainer(raw_model, cfg, device, dtype, ckpt_path) -> Trainer:
@@ -160,18 +163,11 @@ def optimizer_step(t: Trainer, step, grad_accum, micro_loss):
     return train_loss, grad_norm, lr
 
 
-def run_steps(cfg, start_step, evaluated, train_step, evaluate_and_save):
-    """The loop: optimizer steps start_step .. cfg.max_iters - 1 by train_step(step), and
-    evaluate_and_save(step) after `step` updates at every multiple of cfg.eval_interval and after the last
-    one, except at the step `evaluated` (None for none), whose evaluation is done already: the step a run
-    resumed from, or for the S5 study its step 0."""
-    for step in range(start_step, cfg.max_iters + 1):
-        last = step == cfg.max_iters
-        if last or (step % cfg.eval_interval == 0 and step != evaluated):
-            evaluate_and_save(step)
-        if last:
-            break
-        train_step(step)
+def evaluation_due(cfg, step, evaluated=None) -> bool:
+    """Whether a run evaluates (and saves) after `step` updates: at every multiple of cfg.eval_interval and
+    after the last step (cfg.max_iters), except at the step `evaluated` (None for none), whose evaluation
+    is done already (the step a run resumed from)."""
+    return step == cfg.max_iters or (step % cfg.eval_interval == 0 and step != evaluated)
 
 
 def save_state(t: Trainer, step, rng, **fields):

@@ -7,7 +7,7 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import ConfigError
+from support.config import ConfigError
 
 
 class RunError(RuntimeError):
@@ -36,12 +36,33 @@ def peak_flops(device, given=None):
 
 def resolve_device(name, local_rank=None):
     """'auto' -> the best available device; under DDP plain 'cuda' becomes this rank's GPU
-    'cuda:<local_rank>'."""
+    'cuda:<local_rank>'. Raises RunError for a device this machine does not have (check_device)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if name == "cuda" and local_rank is not None:
         name = f"cuda:{local_rank}"
+    check_device(name)
     return name
+
+
+def check_device(name):
+    """Raise RunError when the device `name` ('cpu', 'cuda', 'cuda:N', 'mps'; what resolve_device returns)
+    is malformed or not on this machine: no CUDA, no GPU N, no MPS. One line, naming what is valid."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise RunError(f"device {name!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RunError(f"device {name!r} asks for CUDA, which is not available here: choose device 'cpu' "
+                       f"(or 'auto', the best one here)")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise RunError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                       f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise RunError(f"device {name!r} asks for Apple's MPS, which is not available here: choose device "
+                       f"'cpu' (or 'auto', the best one here)")
 
 
 def resolve_dtype(name, device_type):

@@ -1,5 +1,5 @@
 """
-Tests for what sits around T²MLR's gate in training (issue 21, sections 1 and 3): the gate's learning-rate
+Tests for what sits around T²MLR's gate in training: the gate's learning-rate
 groups (gate_lr_multiplier, support/loop.py), the gradients that reach the gate at θ_r = 0, exact training
 against Jacobi at D >= T, and the RMS ratio that studies/gate_scale.py reports.
 

@@ -147,7 +147,7 @@ def test_tied_source_into_untied_target_is_exact(tmp_path, drop):
 
 
 def test_retrofit_of_an_untied_run_names_the_flag(tmp_path):
-    """The issue's case: train a llama model with --tie_embeddings=False, then start a (tied) T²MLR model from
+    """The case: train a llama model with --tie_embeddings=False, then start a (tied) T²MLR model from
     it. One-line RunError naming the flag; with --tie_embeddings=False the retrofit's first val loss equals
     the source's final one (the gate starts as an identity)."""
     llama = ["--flavour=llama", "--mlp_hidden=64"]

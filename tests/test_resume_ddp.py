@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ import torch
 from configurator import load_config
 from model import GPT, GPTConfig
 from test_train import ROOT, TINY, read_log, write_dataset
-from support.checkpoints import load_checkpoint
+from support.checkpoints import load_checkpoint, temporary_path
 from train import TrainConfig
 
 ARCHS = {
@@ -162,22 +163,24 @@ def test_every_parameter_gets_a_gradient(arch):
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes (POSIX)")
 def test_sigkill_while_writing_a_checkpoint(tmp_path):
-    """The checkpoint write is made observable by a named pipe at ckpt.pt.tmp: train.py blocks inside
-    torch.save once the pipe is full, and is killed there, mid-write. No timing is involved."""
+    """The checkpoint write is made observable by a named pipe at its temporary file (ckpt.pt.<pid>.tmp):
+    train.py blocks inside torch.save once the pipe is full, and is killed there, mid-write. The FIFO is made
+    as the victim starts, long before its step-4 save."""
     write_dataset(tmp_path / "data" / "fox")
     args = [*ARGS, *ARCHS["vanilla"], "--eval_interval=2"]
     straight = start(*args, "--max_iters=4", "--out_dir=straight", cwd=tmp_path)
     finish(start(*args, "--max_iters=2", "--lr_decay_iters=4", "--out_dir=run", cwd=tmp_path))
-    ckpt, tmp = tmp_path / "run" / "ckpt.pt", tmp_path / "run" / "ckpt.pt.tmp"
+    ckpt = tmp_path / "run" / "ckpt.pt"
     before = hashlib.sha256(ckpt.read_bytes()).hexdigest()
     # far more than a pipe holds (64 KiB): the writer blocks
     assert ckpt.stat().st_size > 4 * 65536
-    os.mkfifo(tmp)
     victim = start(*args, "--max_iters=4", "--init_from=resume", "--out_dir=run", cwd=tmp_path)
+    tmp = Path(temporary_path(str(ckpt), victim.pid))
+    os.mkfifo(tmp)
     reader = {}
     opener = threading.Thread(target=lambda: reader.setdefault("f", open(tmp, "rb")), daemon=True)
     opener.start()
-    # until train.py opens ckpt.pt.tmp for its step-4 save
+    # until train.py opens its temporary file for its step-4 save
     while opener.is_alive():
         opener.join(0.5)
         if victim.poll() is not None:                     # it died instead: unblock the opener, then fail
@@ -198,10 +201,11 @@ def test_sigkill_while_writing_a_checkpoint(tmp_path):
     finish(straight)
     a, b = load_checkpoint(str(tmp_path / "straight" / "ckpt.pt")), load_checkpoint(str(ckpt))
     assert b["step"] == 4 and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    # the log holds the killed run's steps 2 and 3 and the resumed run's: all equal to the straight run's
+    # the killed run's rows of steps 2 and 3, replayed by the resume, were dropped: each step once, each
+    # equal to the straight run's
     losses = {r["step"]: r["loss"] for r in train_rows(tmp_path / "straight")}
     rows = train_rows(tmp_path / "run")
-    assert [r["step"] for r in rows] == [0, 1, 2, 3, 2, 3]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert all(r["loss"] == losses[r["step"]] for r in rows)
     # the leftover partial file was overwritten and renamed
     assert not tmp.exists()

@@ -17,7 +17,8 @@ import zipfile
 import pytest
 import torch
 
-from support.checkpoints import (RESUME_KEYS, check_device, load_checkpoint, load_model, load_resumable,
+from support.runtime import check_device
+from support.checkpoints import (RESUME_KEYS, load_checkpoint, load_model, load_resumable,
                                  lock_out_dir, previous_path, require_keys, save_checkpoint, temporary_path)
 from support.runtime import RunError
 

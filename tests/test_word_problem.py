@@ -186,17 +186,63 @@ def test_quick_study_runs_end_to_end_and_a_relaunch_trains_nothing(tmp_path):
     assert doc["command"] == f"OMP_NUM_THREADS=1 python -m studies.word_problem --quick --root={tmp_path}"
     assert doc["timing"]["chosen_train_mode"] in ("exact", "jacobi")
     assert set(doc["timing"]["seconds_per_step"]) == {"exact", "jacobi_D16_b15", "jacobi_D16_b4"}
-    assert set(doc["pilot"]["chosen"]) == set(wp.ARMS)
+    assert set(doc["levers"]) == set(wp.LEVERS)                          # the recipe's levers, one run each
     for arm in wp.ARMS:
         r = doc["results"]["S3"][arm]
         assert len(r["mean"]) == 64 and len(r["seeds"]) == 2
         assert all(lo <= m + 1e-12 and m <= hi + 1e-12 for lo, m, hi in zip(r["lo"], r["mean"], r["hi"]))
     assert set(doc["depth"]["S3"]) == set(wp.DEPTH_ORDER)
     assert all(len(r["mean"]) == 16 for r in doc["depth"]["S3"].values())
-    for name in ("word_problem_S3.png", "word_problem_depth_vs_time.png"):
+    assert set(doc["depth_summary"]["S3"]["mesh_minus_base"]) == {f"K{K}" for K in wp.LOOPS}
+    for name in ("word_problem_groups.png", "word_problem_depth_vs_time.png"):
         assert (tmp_path / name).stat().st_size > 10_000
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.json")}
     second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert "parameters, steps" not in second.stdout                     # nothing trained again
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.json")} == stamps
+
+
+def test_the_curriculum_extends_the_length_once_the_loss_mean_falls_below_the_threshold():
+    spec = {"train_n": 5, "curriculum": {"start": 2, "threshold": 0.3}}
+    state = {"steps_done": 0}
+    assert wp.curriculum_length(state, spec) == 2
+    for i, loss in enumerate([1.0, 0.2, 0.2, 0.2, 0.2]):           # the mean: 1.0, 0.92, 0.848, ...
+        state["steps_done"] = i + 1
+        wp.advance_curriculum(state, spec, loss)
+    assert wp.curriculum_length(state, spec) == 2                    # 0.8*0.9^4 + 0.2 > 0.3: not yet
+    losses = [0.2] * 30
+    for i, loss in enumerate(losses):
+        state["steps_done"] = 6 + i
+        wp.advance_curriculum(state, spec, loss)
+    assert wp.curriculum_length(state, spec) == 5                    # every length reached, then it stays
+    assert list(state["lengths"]) == ["3", "4", "5"]
+    assert state["lengths"]["4"] == state["lengths"]["3"] + 1        # 0.2 < 0.3: one step per new length
+    assert wp.curriculum_length({}, {"train_n": 16, "curriculum": None}) == 16
+
+
+def test_the_frontier_is_the_last_position_at_or_above_the_level():
+    assert wp.frontier([1.0, 0.95, 0.9, 0.5, 0.99]) == 3
+    assert wp.frontier([0.5, 1.0]) == 0 and wp.frontier([1.0, 1.0]) == 2
+
+
+def test_one_run_from_the_command_line_writes_its_result(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "studies.word_problem", "--quick", "--group", "S3", "--arm", "lstm", "--seed",
+           "5", "--out", str(out)]
+    first = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
+                           text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    r = json.loads((out / "result.json").read_text())
+    assert len(r["acc_by_position"]) == 64 and all(0 <= a <= 1 for a in r["acc_by_position"])
+    assert r["steps"] == wp.QUICK["steps"] and r["train_seconds"] > 0 and r["spec"]["seed"] == 5
+    assert r["recipe"]["curriculum"] == wp.QUICK["curriculum"] and r["recipe"]["train"]["batch_size"] == 8
+    bad = subprocess.run([*cmd[:-2]], cwd=ROOT, capture_output=True, text=True, timeout=60)  # no --out
+    assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0 and "--out" in bad.stderr
+
+
+def test_a_report_of_the_committed_study_writes_outside_the_tracked_files():
+    committed, report = wp.study_paths(), wp.study_paths(report_only=True)
+    assert report["runs"] == committed["runs"]                         # it reads the committed runs...
+    assert report["json"].startswith("out/") and report["assets"].startswith("out/")   # ...and writes in out/
+    assert wp.study_paths("r", report_only=True)["json"] == os.path.join("r", "word_problem.json")

@@ -190,13 +190,13 @@ def hms(seconds):
 
 class Progress:
     """Prints the grid's progress and ETA: at every run's start and end, and every `every` seconds while a run
-    trains (from its log.jsonl). The speed is calibrated on what this session has done so far."""
+    trains (from its log.jsonl). The speed is calibrated on what this process has done so far."""
 
     def __init__(self, runs, estimates, console, every=30.0):
         self.runs, self.est, self.console, self.every = runs, estimates, console, every
         self.total = sum(estimates.values())
         self.done = 0.0              # estimated seconds of the runs finished (or skipped)
-        self.session_est = 0.0       # ... of the work this session did itself
+        self.session_est = 0.0       # ... of the work this process did itself
         self.t0 = time.time()
         self.stop = threading.Event()
         self.thread = None

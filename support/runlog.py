@@ -1,0 +1,145 @@
+"""
+What a training run says: its header, a line and a log.jsonl row per logged step and per evaluation, the
+progress bars, the ETA, and a warning when the device is far too slow for the run. train.py makes one
+RunLog and calls it from its loop; rank 0 alone prints and writes.
+"""
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+
+from tqdm import tqdm
+
+from support.accounting import exact_training_flops_per_token, param_counts, train_flops_per_token
+from support.data import get_batch
+from support.runtime import peak_flops
+
+SLOW_RUN_SECONDS = 24 * 3600     # a run estimated longer than this on a CPU or MPS is pointed at the quick start
+
+
+def trim_replayed_rows(log_path, step):
+    """Drop the rows of log.jsonl that a resume from `step` replays: train rows of steps >= step and
+    evaluations after it (written after the checkpoint the run resumes from). Rewritten atomically."""
+    if not os.path.isfile(log_path):
+        return 0
+    with open(log_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    keep = [r for r in rows if "init_from" in r or r["step"] < step or (r["step"] == step and "loss" not in r)]
+    with open(log_path + ".tmp", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in keep)
+    os.replace(log_path + ".tmp", log_path)
+    return len(rows) - len(keep)
+
+
+class RunLog:
+    """The run's voice: prints (tqdm.write, so the bars stay intact) and log.jsonl rows, rank 0 only."""
+
+    def __init__(self, cfg, model_cfg, s, trainer, device, ptdtype, world_size, data, start_step, master):
+        raw_model = trainer.raw_model
+        self.cfg, self.model_cfg, self.master, self.world_size = cfg, model_cfg, master, world_size
+        self.device, self.start_step, self.t2mlr = device, start_step, model_cfg.t2mlr
+        self.log_path = os.path.join(cfg.out_dir, "log.jsonl")
+        exact = model_cfg.t2mlr and cfg.train_mode == "exact"
+        self.flops_per_token = exact_training_flops_per_token(model_cfg) if exact else \
+            train_flops_per_token(raw_model)
+        self.peak = peak_flops(device, cfg.peak_flops)
+        self.t_start, self.eval_seconds, self.n_evals, self.warned = time.time(), 0.0, 0, False
+        show = master and cfg.progress and sys.stderr.isatty()
+        self.show_bars = show
+        self.bar = tqdm(total=cfg.max_iters, initial=start_step, unit="step", disable=not show)
+        if not master:
+            return
+        counts, T = param_counts(raw_model), model_cfg.block_size
+        print(f"config (given): {s.given_values}")
+        print(f"device {device}, dtype {str(ptdtype).removeprefix('torch.')}, compile {trainer.compiled}, "
+              f"world size {world_size}")
+        print(f"params: total {counts['total']:,}, non-embedding {counts['non_embedding']:,}, unrolled depth "
+              f"{model_cfg.n_unrolled} layers, {self.flops_per_token:.3g} train FLOPs/token")
+        print(f"batch: {cfg.total_batch_size:,} tokens/step = {cfg.batch_size} seqs x {T} tokens x {world_size}"
+              f" ranks x {s.grad_accum} accumulation steps; data {data.dir} ({data.meta['train_tokens']:,} "
+              f"train tokens)")
+        print(f"MFU against {self.peak:.3g} FLOP/s per device" if self.peak
+              else "MFU n/a: pass --peak_flops=<FLOP/s of one device>")
+        resumed = s.ckpt is not None
+        if resumed and (dropped := trim_replayed_rows(self.log_path, start_step)):
+            print(f"log.jsonl: dropped {dropped} rows after step {start_step}, which this resume replays")
+        with open(self.log_path, "a" if resumed else "w") as f:   # a resumed run appends, never truncates
+            f.write(json.dumps({"step": start_step, "init_from": cfg.init_from, "world_size": world_size,
+                                "model_config": asdict(model_cfg), "train_config": asdict(cfg)}) + "\n")
+
+    def write(self, row, text):
+        if self.master:
+            tqdm.write(text)
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def warn_if_slow(self, seconds):
+        """Once: a run estimated at more than a day on a CPU or MPS gets one line pointing to the quick start."""
+        if self.master and not self.warned and not self.device.startswith("cuda") and seconds > SLOW_RUN_SECONDS:
+            self.warned = True
+            tqdm.write(f"warning: at this speed the run would take about {seconds / 86400:.0f} days on "
+                       f"{self.device}; the CPU quick start (README) trains config/tiny_*.py in minutes")
+
+    def val_batches(self, data, pass_counter):
+        """This rank's fixed val windows in batches (a progress bar while they run). The first evaluation times
+        its first batch and warns when the whole run would take days at that speed."""
+        cfg, T, windows = self.cfg, self.model_cfg.block_size, data.val_windows
+        starts = range(0, len(windows), cfg.batch_size)
+        t0 = time.time()
+        for i in tqdm(starts, desc="evaluating", leave=False, disable=not self.show_bars):
+            if i == cfg.batch_size and self.n_evals == 0:     # one batch done: forward seconds per token
+                per_token = (time.time() - t0) / (cfg.batch_size * T)
+                train_tokens = cfg.total_batch_size * (cfg.max_iters - self.start_step) / self.world_size
+                self.warn_if_slow(per_token * (3 * train_tokens + len(windows) * T * (cfg.max_iters // cfg.eval_interval + 1)))
+            if pass_counter is not None:              # from 0 in each forward, as in training
+                pass_counter.n = 0
+            yield get_batch(data.val_path, data.dtype, windows[i:i + cfg.batch_size], T, self.device)
+        self.eval_seconds += time.time() - t0
+        self.n_evals += 1
+
+    def evaluation(self, step, val_loss, best_val, val_mode, by_rank=None):
+        row = {"step": step, "val_loss": val_loss, "val_mode": val_mode, "best_val_loss": best_val}
+        if val_mode == "converged":
+            row["val_tol"] = self.cfg.val_tol
+        if by_rank is not None:                       # under DDP: every rank's, all-reduced, so equal
+            row["val_loss_by_rank"] = by_rank
+        label = (f"val loss ({val_mode}" + (f", tol {self.cfg.val_tol:g})" if val_mode == "converged" else ")")
+                 if self.t2mlr else "val loss")
+        self.best_label = label
+        self.write(row, f"step {step}: {label} {val_loss:.4f} (best {best_val:.4f})")
+
+    def train_step(self, step, train_loss, lr, grad_norm, t0, passes):
+        """The bar; at every log_interval (and the last step) a line and a row: loss, LR, grad norm, time,
+        throughput, MFU, T²MLR's mean middle passes, the ETA. Only a logged step syncs the device."""
+        cfg = self.cfg
+        self.bar.update()
+        if not (step % cfg.log_interval == 0 or step == cfg.max_iters - 1):
+            return
+        if self.device.startswith("cuda"):
+            import torch
+            torch.cuda.synchronize()
+        dt = time.time() - t0
+        tok_s = cfg.total_batch_size / dt
+        flops = self.flops_per_token * tok_s / self.world_size     # achieved FLOP/s per device
+        row = {"step": step, "loss": train_loss.item(), "lr": lr, "grad_norm": grad_norm.item(), "ms": 1000 * dt,
+               "tok_s": tok_s, "flops": flops, "mfu": flops / self.peak if self.peak else None}
+        if self.t2mlr:       # mean middle-layer passes per micro-step (D, +1 with the plain start; exact: T)
+            row["jacobi_passes"] = sum(passes) / len(passes)
+        # ETA: the mean step time times the steps left, plus the mean evaluation time times those left
+        per_step = (time.time() - self.t_start - self.eval_seconds) / (step + 1 - self.start_step)
+        evals_left = (cfg.max_iters - 1) // cfg.eval_interval - step // cfg.eval_interval + 1
+        eta = per_step * (cfg.max_iters - step - 1) + self.eval_seconds / max(self.n_evals, 1) * evals_left
+        self.warn_if_slow(eta)
+        mfu = f"MFU {100 * row['mfu']:.1f}%" if self.peak else f"{row['flops'] / 1e12:.3g} TFLOP/s"
+        passes = (f", {'Jacobi' if cfg.train_mode == 'jacobi' else 'token'} passes {row['jacobi_passes']:.2f}"
+                  if self.t2mlr else "")
+        self.write(row, f"step {step}: loss {row['loss']:.4f}, lr {lr:.3g}, grad norm {row['grad_norm']:.3f}, "
+                        f"{row['ms']:.0f} ms, {tok_s:,.0f} tok/s, {mfu}{passes}, ETA {eta / 60:.1f} min")
+
+    def done(self, best_val, ckpt_path):
+        self.bar.close()
+        if self.master:
+            print(f"done: {self.cfg.max_iters - self.start_step} steps to step {self.cfg.max_iters}, best "
+                  f"{self.best_label} {best_val:.4f}, checkpoint {ckpt_path}")
