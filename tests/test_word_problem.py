@@ -246,3 +246,15 @@ def test_a_report_of_the_committed_study_writes_outside_the_tracked_files():
     assert report["runs"] == committed["runs"]                         # it reads the committed runs...
     assert report["json"].startswith("out/") and report["assets"].startswith("out/")   # ...and writes in out/
     assert wp.study_paths("r", report_only=True)["json"] == os.path.join("r", "word_problem.json")
+
+
+def test_a_truncated_run_json_is_one_line_naming_the_file(tmp_path):
+    size = dict(wp.QUICK)
+    spec = wp.spec_of(size, "main", "S3", "lstm", 0, wp.matched_arms(size, "S3")["lstm"], None, None)
+    paths = wp.study_paths(str(tmp_path))
+    os.makedirs(paths["runs"])
+    path = os.path.join(paths["runs"], spec["name"] + ".json")
+    with open(path, "w") as f:
+        f.write('{"spec": {"name": ')                                     # a write that did not finish
+    with pytest.raises(wp.RunError, match=r"main_S3_lstm_s0.json is not valid JSON .*delete it to rerun"):
+        wp.run_one(spec, paths)
