@@ -125,6 +125,7 @@ FULL = dict(steps=2000, batch_size=256, train_n=16, test_n=64, test_examples=512
             n_head=4, mlp_hidden=256, lstm_layers=2, lr=3e-3, curriculum=CURRICULUM, eval_interval=250,
             timing_steps=8, fixed_length_json="studies/results/word_problem_fixed_length.json")
 QUICK = dict(FULL, steps=12, batch_size=8, test_examples=32, seeds=(0, 1), groups=("S3",), fixed_length_json=None,
+             long_groups=("S3",), depth_seeds=(0,),
              depth_groups=("S3",), n_embd=32, mlp_hidden=64, eval_interval=6, timing_steps=1,
              curriculum={"start": 2, "threshold": 3.0})
 # A GPU config: wider models, 4x the steps and the batch. Not run here (no GPU was lent to this study);
@@ -420,14 +421,14 @@ def main_specs(size, train_mode, seeds=None):
 
 def long_specs(size, seeds=None):
     """The LSTM at twice the recipe's steps, A5 then S5, seed by seed: what the steps lever buys it."""
-    return [spec_of(size, "long", g, "lstm", seed, matched_arms(size, g)["lstm"], None, None, steps=2 * size["steps"]) for g in ("A5", "S5") for seed in seeds or size["seeds"]]
+    return [spec_of(size, "long", g, "lstm", seed, matched_arms(size, g)["lstm"], None, None, steps=2 * size["steps"]) for g in size.get("long_groups", ("A5", "S5")) for seed in seeds or size["seeds"]]
 
 
 def depth_specs(size, seeds=None):
     """The depth arms (DEPTH_TRAINED) on each depth group, trained on n = 16 and tested there; seed by seed."""
     specs = []
     for g in size["depth_groups"]:
-        for seed in seeds or size["seeds"]:
+        for seed in seeds or size.get("depth_seeds", size["seeds"]):
             for arm, (shape, passing) in DEPTH_TRAINED.items():
                 fields = {"n_layer": shape} if passing is None else {"layout": shape, "state_passing": passing}
                 model = {"kind": "gpt", "config": gpt_config(size, g) | fields}
