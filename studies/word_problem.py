@@ -564,6 +564,16 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, paths, name):
+    """Write the figure to paths["assets"]/name at 110 dpi and close it; returns the path."""
+    fig.tight_layout()
+    path = os.path.join(paths["assets"], name)
+    os.makedirs(paths["assets"], exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _band(ax, r, label, color, style="-", lw=1.6):
     xs = list(range(1, 1 + len(r["mean"])))
     ax.plot(xs, r["mean"], style, color=color, lw=lw, label=label)
@@ -599,12 +609,7 @@ def plot_groups(doc, paths):
         ax.legend(fontsize=7, loc="center right")
     for ax in list(axes.flat)[len(groups):]:
         ax.set_visible(False)
-    fig.tight_layout()
-    path = os.path.join(paths["assets"], "word_problem_groups.png")
-    os.makedirs(paths["assets"], exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [_save(plt, fig, paths, "word_problem_groups.png")]
 
 
 def plot_depth_vs_time(doc, paths):
@@ -642,12 +647,7 @@ def plot_depth_vs_time(doc, paths):
         ax_t.legend(fontsize=7)
         for ax in (ax_d, ax_t):
             ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(paths["assets"], "word_problem_depth_vs_time.png")
-    os.makedirs(paths["assets"], exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [_save(plt, fig, paths, "word_problem_depth_vs_time.png")]
 
 
 # -----------------------------------------------------------------------------
