@@ -101,6 +101,15 @@ def make_batch(table: torch.Tensor, batch_size: int, n: int, seed: int):
     return words, running_products(words, table)
 
 
+def with_identity_start(words: torch.Tensor, states: torch.Tensor):
+    """(B, n) words and targets -> (B, 1 + n), behind a start position that holds the identity (id 0), its
+    target -1 (ignored by the loss): the products are unchanged. The depth arms need it: causal attention
+    without positions (NoPE) or with relative ones (rotary) gives the words "a" and "a a" the same vector at
+    their last position in every layer, so s_2 = a·a is out of reach (S3's position 2 stops at 0.85)."""
+    e = words.new_zeros(words.shape[0], 1)
+    return torch.cat([e, words], dim=1), torch.cat([e - 1, states], dim=1)
+
+
 def batch_seed(group: str, seed: int, step: int) -> int:
     """The seed of training batch `step`: the same for every arm (same batches), a resumed run the same."""
     return (GROUPS.index(group) + 1) * 10_000_000_019 + seed * 1_000_003 + step
@@ -123,20 +132,27 @@ FIXED_LENGTH = dict(steps=2000, batch_size=32, train_n=16, n_embd=64, n_layer=4,
 FULL = dict(steps=2000, batch_size=256, train_n=16, test_n=64, test_examples=512, seeds=(0, 1, 2),
             lever_seed=100, groups=("A5", "S5", "Z2", "S3"), depth_groups=("S3", "A5"), n_embd=64, n_layer=4,
             n_head=4, mlp_hidden=256, lstm_layers=2, lr=3e-3, curriculum=CURRICULUM, eval_interval=250,
-            timing_steps=8, fixed_length_json="studies/results/word_problem_fixed_length.json")
+            timing_steps=8, fixed_length_json="studies/results/word_problem_fixed_length.json",
+            depth_recipe={"steps": 1000, "batch_size": 128})
 QUICK = dict(FULL, steps=12, batch_size=8, test_examples=32, seeds=(0, 1), groups=("S3",), fixed_length_json=None,
              long_groups=("S3",), depth_seeds=(0,),
              depth_groups=("S3",), n_embd=32, mlp_hidden=64, eval_interval=6, timing_steps=1,
-             curriculum={"start": 2, "threshold": 3.0})
+             curriculum={"start": 2, "threshold": 3.0}, depth_recipe={})
 # A GPU config: wider models, 4x the steps and the batch. Not run here (no GPU was lent to this study);
 # python -m studies.word_problem --gpu
 GPU = dict(FULL, steps=10000, batch_size=1024, n_embd=128, mlp_hidden=512, eval_interval=1000,
-           timing_steps=20, device="cuda")
+           timing_steps=20, device="cuda", depth_recipe={})
 # The levers of the recipe, measured one at a time on the LSTM, A5, one seed outside the test seeds:
-# name -> what differs from the recipe. "fixed_b32" is the fixed-length recipe (n = 16, 32 a step).
-LEVERS = {"recipe": {}, "fixed_b256": {"curriculum": None}, "fixed_b32": {"curriculum": None, "batch_size": 32},
-          "curriculum_b32": {"batch_size": 32}, "curriculum_b512": {"batch_size": 512},
-          "curriculum_lr1e-3": {"lr": 1e-3}, "curriculum_wide": {"width": 2}, "curriculum_steps4000": {"steps": 4000}}
+# name -> what differs from the recipe: "batch", "steps" and "width" scale the recipe's words a step, steps
+# and LSTM width; "fixed_b32" is the fixed-length recipe (n = 16, 32 a step). The S5_ levers run on S5 (a
+# "group" change), at twice the steps: the A5 levers that moved the LSTM most, and a stricter threshold
+# (the 14,400-entry table learned better before a third element is composed).
+LEVERS = {"recipe": {}, "fixed_b256": {"curriculum": None}, "fixed_b32": {"curriculum": None, "batch": 1 / 8},
+          "curriculum_b32": {"batch": 1 / 8}, "curriculum_b512": {"batch": 2},
+          "curriculum_lr1e-3": {"lr": 1e-3}, "curriculum_wide": {"width": 2}, "curriculum_steps4000": {"steps": 2},
+          "S5_threshold0.1_steps4000": {"group": "S5", "curriculum": {"start": 2, "threshold": 0.1}, "steps": 2},
+          "S5_wide_steps4000": {"group": "S5", "width": 2, "steps": 2},
+          "S5_b1024_steps4000": {"group": "S5", "batch": 4, "steps": 2}}
 
 ARMS = ("transformer", "t2mlr", "lstm")
 ARM_STYLE = {"transformer": ("C0", "-", 1.6), "t2mlr": ("C3", "-", 3.5), "lstm": ("C2", "--", 1.6)}  # T²MLR
@@ -217,19 +233,23 @@ def step_loss(model, x, y, train_mode):
 
 
 @torch.no_grad()
-def accuracy_by_position(model, table, n, examples, seed, batch=256):
+def accuracy_by_position(model, table, n, examples, seed, batch=256, identity_start=False):
     """Accuracy of argmax predictions at each position 1..n (a list of n floats) on `examples` fixed words
-    of length n; T²MLR in eval mode runs the exact recurrence."""
+    of length n (behind the identity with identity_start, its position not counted); T²MLR in eval mode
+    runs the exact recurrence."""
     was = model.training
     model.eval()
     device = next(model.parameters()).device
-    words, states = (t.to(device) for t in make_batch(table, examples, n, seed))
-    right = torch.zeros(n, device=device)
+    words, states = make_batch(table, examples, n, seed)
+    if identity_start:
+        words, states = with_identity_start(words, states)
+    words, states = words.to(device), states.to(device)
+    right = torch.zeros(words.shape[1], device=device)
     for i in range(0, examples, batch):
         logits, _ = model(words[i:i + batch])
         right += (logits.argmax(-1) == states[i:i + batch]).float().sum(0)
     model.train(was)
-    return (right / examples).cpu().tolist()
+    return (right[1:] if identity_start else right).div(examples).cpu().tolist()
 
 
 def curriculum_length(state, spec) -> int:
@@ -272,6 +292,7 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     ckpt_path = os.path.join(ckpt_dir, "ckpt.pt")
     cfg = TrainConfig(**spec["train"])
     table = multiplication_table(spec["group"])
+    identity_start = spec.get("identity_start", False)   # the depth arms' words begin with the identity
     torch.manual_seed(cfg.seed)
     model = build(spec["model"]).to(device)
 
@@ -289,7 +310,8 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     t0 = time.time() - state["seconds"]
     for step in range(start, cfg.max_iters + 1):
         if evaluation_due(cfg, step, evaluated=start):       # the curve's row, then the checkpoint
-            acc = accuracy_by_position(model, table, spec["train_n"], 128, PROBE_SEED)
+            acc = accuracy_by_position(model, table, spec["train_n"], 128, PROBE_SEED,
+                                       identity_start=identity_start)
             state["seconds"] = time.time() - t0
             row = {"step": step, "acc_in": sum(acc) / len(acc)}
             if losses:
@@ -305,13 +327,15 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
         if step == cfg.max_iters:
             break
         n = curriculum_length(state, spec)          # the words' first n positions (the curriculum's length)
-        x, y = (t[:, :n].to(device) for t in
+        x, y = (t[:, :n] for t in
                 make_batch(table, cfg.batch_size, spec["train_n"], batch_seed(spec["group"], cfg.seed, step)))
+        x, y = (t.to(device) for t in (with_identity_start(x, y) if identity_start else (x, y)))
         loss, _, _ = optimizer_step(trainer, step, 1, lambda m, _: step_loss(m, x, y, spec["train_mode"]))
         losses.append(loss.item())
         state["steps_done"] = step + 1
         advance_curriculum(state, spec, losses[-1])
-    acc = accuracy_by_position(model, table, spec["test_n"], spec["test_examples"], TEST_SEED)
+    acc = accuracy_by_position(model, table, spec["test_n"], spec["test_examples"], TEST_SEED,
+                               identity_start=identity_start)
     results = {"spec": spec, "params": n_params, "train_seconds": state["seconds"], "steps": cfg.max_iters,
                "acc_by_position": acc, "curve": state["curve"],
                "final_loss": next((r["loss"] for r in reversed(state["curve"]) if "loss" in r), None)}
@@ -396,14 +420,17 @@ def beyond(r, train_n):
 
 
 def lever_specs(size):
-    """The LSTM on A5 under the recipe and under each lever changed alone (LEVERS), one seed."""
+    """The LSTM on A5 (or change["group"]) under the recipe and under each lever changed alone (LEVERS), one
+    seed."""
     specs = []
     for name, change in LEVERS.items():
-        model = matched_arms(size, "A5")["lstm"]
-        if "width" in change:
-            model = dict(model, hidden=model["hidden"] * change["width"])
-        changes = {k: v for k, v in change.items() if k != "width"}
-        specs.append(spec_of(size, "lever", "A5", "lstm", size["lever_seed"], model, changes.pop("lr", None), None,
+        group = change.get("group", "A5")
+        model = matched_arms(size, group)["lstm"]
+        model = dict(model, hidden=model["hidden"] * change.get("width", 1))
+        changes = {k: v for k, v in change.items() if k == "curriculum"}
+        changes |= {"batch_size": max(1, round(size["batch_size"] * change.get("batch", 1))),
+                    "steps": size["steps"] * change.get("steps", 1)}
+        specs.append(spec_of(size, "lever", group, "lstm", size["lever_seed"], model, change.get("lr"), None,
                              tag=f"_{name}", **changes))
     return specs
 
@@ -425,14 +452,17 @@ def long_specs(size, seeds=None):
 
 
 def depth_specs(size, seeds=None):
-    """The depth arms (DEPTH_TRAINED) on each depth group, trained on n = 16 and tested there; seed by seed."""
+    """The depth arms (DEPTH_TRAINED) on each depth group, trained on n = 16 and tested there, seed by seed;
+    size["depth_recipe"] (steps, batch_size) replaces the recipe's (half of each in FULL: 18 arms a seed).
+    Their words begin with the identity (with_identity_start)."""
     specs = []
     for g in size["depth_groups"]:
         for seed in seeds or size.get("depth_seeds", size["seeds"]):
             for arm, (shape, passing) in DEPTH_TRAINED.items():
                 fields = {"n_layer": shape} if passing is None else {"layout": shape, "state_passing": passing}
                 model = {"kind": "gpt", "config": gpt_config(size, g) | fields}
-                specs.append(spec_of(size, "depth", g, arm, seed, model, None, None, test_n=size["train_n"]))
+                specs.append(spec_of(size, "depth", g, arm, seed, model, None, None, test_n=size["train_n"],
+                                     **size["depth_recipe"]) | {"identity_start": True})
     return specs
 
 
@@ -726,7 +756,7 @@ def markdown_summary(doc) -> str:
     """The tables of docs/word_problem.md: the levers; per group and arm, accuracy (mean over seeds [95% t
     interval]) in distribution, beyond it and at positions 16..64; the depth arms' frontiers and MeSH − base."""
     fmt = lambda v: f"{v[0]:.3f} [{max(0.0, v[1]):.2f}, {min(1.0, v[2]):.2f}]"
-    lines = ["| lever (LSTM, A5, one seed) | acc t = 1..16 | acc t = 17..64 | frontier | minutes |",
+    lines = ["| lever (LSTM, one seed; A5 unless it says S5) | acc t = 1..16 | acc t = 17..64 | frontier | minutes |",
              "|---|---|---|---|---|"]
     for name, r in doc.get("levers", {}).items():
         lines.append(f"| {name} | {r['acc_1_16']:.3f} | {r['acc_17_64']:.3f} | {r['frontier']} | {r['minutes']:.1f} |")

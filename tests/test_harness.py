@@ -8,6 +8,7 @@ Needs lm_eval (pip install -r requirements-eval.txt), and transformers + acceler
 skipped without them, unless NANOMESH_REQUIRE_LM_EVAL=1 (.ci/run sets it, so CI cannot pass by skipping).
 """
 
+import functools
 import json
 import math
 import os
@@ -35,6 +36,14 @@ from test_equivalence import VARIANTS, build            # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BYTE = get_tokenizer("byte")
+
+
+@pytest.fixture
+def local_tasks_only(monkeypatch):
+    """studies.table1's TaskManager indexes the --include_path tasks alone, not lm_eval's ~14k built-in YAMLs
+    (~20 s a call): for the tests that evaluate only their own local tasks in process."""
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", functools.partial(TaskManager, include_defaults=False))
+
 BLOCK = 48
 # every variant of test_equivalence (gates opened: the T²MLR state matters), with the byte vocabulary
 MODELS = {name: dict(fields, vocab_size=320, block_size=BLOCK) for name, fields in VARIANTS.items()}
@@ -437,7 +446,8 @@ def test_command_line_is_lm_evals_with_nanomesh_registered(tmp_path):
     assert results["tiny_mc"]["acc_norm,none"] == want["results"]["tiny_mc"]["acc_norm,none"]
 
 
-def test_table1_suite_writes_json_and_markdown_side_by_side_and_resumes(tmp_path, monkeypatch, capsys):
+def test_table1_suite_writes_json_and_markdown_side_by_side_and_resumes(tmp_path, monkeypatch, capsys,
+                                                                       local_tasks_only):
     """python -m studies.table1 on two checkpoints, with the suite's tasks swapped for local ones (so it runs
     offline): four runs stored, the T²MLR model's 0-shot scores are lm_eval's own, the markdown has the tasks
     as columns with the average last and a perplexity table; a rerun skips what is stored, one with another

@@ -29,8 +29,8 @@ from lm_eval.tasks import TaskManager                   # noqa: E402
 from studies import table1                              # noqa: E402
 from support import harness                             # noqa: E402
 from support.checkpoints import save_checkpoint         # noqa: E402
-from test_harness import (adapter, direct_loglikelihood, direct_rolling, direct_scores, model_of,  # noqa: E402
-                          write_tasks)
+from test_harness import (adapter, direct_loglikelihood, direct_rolling, direct_scores, local_tasks_only,  # noqa: E402,F401
+                          model_of, write_tasks)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,7 +54,7 @@ def save_run(folder, name, seed, step):
 # -----------------------------------------------------------------------------
 # studies.table1: stale runs, perplexities only
 
-def test_a_checkpoint_trained_further_is_evaluated_again(tmp_path, monkeypatch, capsys, offline):
+def test_a_checkpoint_trained_further_is_evaluated_again(tmp_path, monkeypatch, capsys, offline, local_tasks_only):
     """Evaluate, then write other weights (step 5) to the same ckpt.pt: the rerun evaluates it again and
     stores the new model's scores, equal to the direct computation; a rerun after that skips it."""
     monkeypatch.setattr(table1, "TASKS", {"tiny_mc": ("MC", "acc_norm")})
@@ -84,7 +84,7 @@ def test_a_checkpoint_trained_further_is_evaluated_again(tmp_path, monkeypatch, 
     assert f"{key}: stored, skipped" in capsys.readouterr().err
 
 
-def test_perplexities_only_make_a_table_and_rerun(tmp_path, monkeypatch, capsys, offline):
+def test_perplexities_only_make_a_table_and_rerun(tmp_path, monkeypatch, capsys, offline, local_tasks_only):
     """--tasks with perplexities only: the 0-shot run alone (a few-shot count is dropped, saying so), a
     perplexity table with lm_eval's value and no accuracy table; a rerun skips it and writes the same table;
     without 0 among the shots it is one ValueError before anything runs."""

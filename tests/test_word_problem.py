@@ -97,6 +97,24 @@ def test_z2_is_parity_and_the_convention_is_right_factor_first():
     assert wp.compose(p, q) == (0, 2, 1) and wp.compose(q, p) == (2, 1, 0)
 
 
+def test_a_repeated_prefix_is_seen_only_behind_the_identity():
+    """Causal attention without positions gives "a" and "a a" the same last vector in every layer (so s_2 =
+    a·a is out of reach); behind the identity start they differ. The start adds a position whose target is
+    ignored (-1) and leaves the running products as they were."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**wp.gpt_config(wp.QUICK, "S3"))).eval()
+    a, aa = torch.tensor([[3]]), torch.tensor([[3, 3]])
+    last = lambda idx: model(idx)[0][0, -1]
+    assert torch.allclose(last(a), last(aa), atol=1e-6)                       # blind without the start
+    (a1, _), (aa1, _) = wp.with_identity_start(a, a), wp.with_identity_start(aa, aa)
+    assert (last(a1) - last(aa1)).abs().max() > 1e-3                           # seen behind it
+    words, states = wp.make_batch(wp.multiplication_table("S3"), 8, 5, seed=2)
+    x, y = wp.with_identity_start(words, states)
+    assert x.shape == (8, 6) and (x[:, 0] == 0).all() and (y[:, 0] == -1).all()
+    assert torch.equal(x[:, 1:], words) and torch.equal(y[:, 1:], states)
+    assert torch.equal(wp.running_products(x, wp.multiplication_table("S3"))[:, 1:], states)   # e changes no product
+
+
 def test_batches_are_seeded_by_group_seed_and_step_alone():
     table = wp.multiplication_table("S3")
     a = wp.make_batch(table, 8, 16, wp.batch_seed("S3", 0, 5))
