@@ -18,8 +18,9 @@ whatever n; a fixed-depth transformer must compose t elements in its layers (abo
 NC¹-complete for A5 and S5), so beyond n = 16 it should fail and T²MLR should not.
 
     python -m studies.word_problem                       # the whole study, resumable, a stage at a time:
-    python -m studies.word_problem --stage levers        #   the recipe's levers (LSTM, A5, one seed)
+    python -m studies.word_problem --stage levers        #   the recipe's levers (A5, then S5; one seed)
     python -m studies.word_problem --stage main          #   three arms x four groups x three seeds
+    python -m studies.word_problem --stage long          #   the LSTM at twice the steps (A5, S5)
     python -m studies.word_problem --stage depth         #   depth arms (S3, A5): frontier vs unrolled depth
     python -m studies.word_problem --report              # tables + figures of what finished (out/word_problem_report)
     python -m studies.word_problem --group A5 --arm t2mlr --seed 5 --out DIR    # one run: DIR/result.json
@@ -145,14 +146,16 @@ GPU = dict(FULL, steps=10000, batch_size=1024, n_embd=128, mlp_hidden=512, eval_
 # The levers of the recipe, measured one at a time on the LSTM, A5, one seed outside the test seeds:
 # name -> what differs from the recipe: "batch", "steps" and "width" scale the recipe's words a step, steps
 # and LSTM width; "fixed_b32" is the fixed-length recipe (n = 16, 32 a step). The S5_ levers run on S5 (a
-# "group" change), at twice the steps: the A5 levers that moved the LSTM most, and a stricter threshold
-# (the 14,400-entry table learned better before a third element is composed).
+# "group" change): a stricter threshold (the 14,400-entry table learned better before a third element is
+# composed), four times the steps (also for the other two arms: an "arm" change), and width.
 LEVERS = {"recipe": {}, "fixed_b256": {"curriculum": None}, "fixed_b32": {"curriculum": None, "batch": 1 / 8},
           "curriculum_b32": {"batch": 1 / 8}, "curriculum_b512": {"batch": 2},
           "curriculum_lr1e-3": {"lr": 1e-3}, "curriculum_wide": {"width": 2}, "curriculum_steps4000": {"steps": 2},
           "S5_threshold0.1_steps4000": {"group": "S5", "curriculum": {"start": 2, "threshold": 0.1}, "steps": 2},
-          "S5_wide_steps4000": {"group": "S5", "width": 2, "steps": 2},
-          "S5_b1024_steps4000": {"group": "S5", "batch": 4, "steps": 2}}
+          "S5_steps8000": {"group": "S5", "steps": 4},
+          "S5_t2mlr_steps8000": {"group": "S5", "arm": "t2mlr", "steps": 4},
+          "S5_transformer_steps8000": {"group": "S5", "arm": "transformer", "steps": 4},
+          "S5_wide_steps4000": {"group": "S5", "width": 2, "steps": 2}}
 
 ARMS = ("transformer", "t2mlr", "lstm")
 ARM_STYLE = {"transformer": ("C0", "-", 1.6), "t2mlr": ("C3", "-", 3.5), "lstm": ("C2", "--", 1.6)}  # T²MLR
@@ -169,6 +172,8 @@ DEPTH_ARMS = {f"vanilla_L{K + 2}": (K + 2, None) for K in LOOPS} | {
 DEPTH_ALIAS = {"base_K1": "vanilla_L3", "anchor_K1": "residual_K1"}
 DEPTH_TRAINED = {name: shape for name, shape in DEPTH_ARMS.items() if name not in DEPTH_ALIAS}
 DEPTH_ORDER = tuple(DEPTH_ARMS)
+# the arms MeSH − base is measured on, trained first on every seed (K = 8 after them: the costliest)
+PAIRED = {"vanilla_L3"} | {f"{p}_K{K}" for p in ("base", "mesh") for K in LOOPS if K < 8}
 DEPTH_COLOR = {"vanilla": "black", "base": "C2", "residual": "C1", "anchor": "C4", "mesh": "C3"}
 DEPTH_LABEL = {"vanilla": "vanilla stack", "base": "base", "residual": "+residual", "anchor": "+anchor",
                "mesh": "+MeSH"}
@@ -419,20 +424,26 @@ def beyond(r, train_n):
     return sum(acc) / len(acc)
 
 
-def lever_specs(size):
-    """The LSTM on A5 (or change["group"]) under the recipe and under each lever changed alone (LEVERS), one
-    seed."""
+def lever_specs(size, train_mode="exact"):
+    """The LSTM (or change["arm"]) on A5 (or change["group"]) under the recipe and under each lever changed
+    alone (LEVERS), one seed."""
     specs = []
     for name, change in LEVERS.items():
-        group = change.get("group", "A5")
-        model = matched_arms(size, group)["lstm"]
-        model = dict(model, hidden=model["hidden"] * change.get("width", 1))
+        group, arm = change.get("group", "A5"), change.get("arm", "lstm")
+        model = matched_arms(size, group)[arm]
+        if "width" in change:
+            model = dict(model, hidden=model["hidden"] * change["width"])
         changes = {k: v for k, v in change.items() if k == "curriculum"}
         changes |= {"batch_size": max(1, round(size["batch_size"] * change.get("batch", 1))),
                     "steps": size["steps"] * change.get("steps", 1)}
-        specs.append(spec_of(size, "lever", group, "lstm", size["lever_seed"], model, change.get("lr"), None,
+        specs.append(spec_of(size, "lever", group, arm, size["lever_seed"], model, change.get("lr"), train_mode,
                              tag=f"_{name}", **changes))
     return specs
+
+
+def lever_name(spec) -> str:
+    """The LEVERS name of a lever run: lever_<group>_<arm>_<name>_s<seed>."""
+    return spec["name"][len(f"lever_{spec['group']}_{spec['arm']}_"):].rsplit("_s", 1)[0]
 
 
 def arm_spec(size, group, arm, seed, train_mode, stage="main"):
@@ -452,17 +463,21 @@ def long_specs(size, seeds=None):
 
 
 def depth_specs(size, seeds=None):
-    """The depth arms (DEPTH_TRAINED) on each depth group, trained on n = 16 and tested there, seed by seed;
-    size["depth_recipe"] (steps, batch_size) replaces the recipe's (half of each in FULL: 18 arms a seed).
-    Their words begin with the identity (with_identity_start)."""
+    """The depth arms (DEPTH_TRAINED) on each depth group, trained on n = 16 and tested there; size[
+    "depth_recipe"] (steps, batch_size) replaces the recipe's (half of each in FULL: 18 arms a seed). Their
+    words begin with the identity (with_identity_start). In order, per group: the arms MeSH − base is
+    measured on (PAIRED), first seed first, then the other arms, first seed first."""
+    seeds = seeds or size.get("depth_seeds", size["seeds"])
     specs = []
     for g in size["depth_groups"]:
-        for seed in seeds or size.get("depth_seeds", size["seeds"]):
-            for arm, (shape, passing) in DEPTH_TRAINED.items():
-                fields = {"n_layer": shape} if passing is None else {"layout": shape, "state_passing": passing}
-                model = {"kind": "gpt", "config": gpt_config(size, g) | fields}
-                specs.append(spec_of(size, "depth", g, arm, seed, model, None, None, test_n=size["train_n"],
-                                     **size["depth_recipe"]) | {"identity_start": True})
+        order = sorted(((s, a) for s in seeds for a in DEPTH_TRAINED),
+                       key=lambda sa: (sa[1] not in PAIRED, sa[0] != seeds[0], sa[0], DEPTH_ORDER.index(sa[1])))
+        for seed, arm in order:
+            shape, passing = DEPTH_TRAINED[arm]
+            fields = {"n_layer": shape} if passing is None else {"layout": shape, "state_passing": passing}
+            model = {"kind": "gpt", "config": gpt_config(size, g) | fields}
+            specs.append(spec_of(size, "depth", g, arm, seed, model, None, None, test_n=size["train_n"],
+                                 **size["depth_recipe"]) | {"identity_start": True})
     return specs
 
 
@@ -560,8 +575,8 @@ def report(size, paths, command, extra):
             if target in agg:
                 agg[alias] = dict(agg[target], alias_of=target)
         depth[g] = {a: agg[a] for a in DEPTH_ORDER if a in agg}
-    levers = {r["spec"]["name"].split("_lstm_", 1)[1].rsplit("_s", 1)[0]:
-              {"change": LEVERS.get(r["spec"]["name"].split("_lstm_", 1)[1].rsplit("_s", 1)[0]),
+    levers = {lever_name(r["spec"]):
+              {"change": LEVERS.get(lever_name(r["spec"])),
                "acc_1_16": in_dist(r, train_n), "acc_17_64": beyond(r, train_n),
                "frontier": frontier(r["acc_by_position"]), "minutes": r["train_seconds"] / 60,
                "final_loss": r["final_loss"], "curriculum_lengths": r.get("curriculum_lengths")}
@@ -667,13 +682,16 @@ def plot_depth_vs_time(doc, paths):
                  ylim=(0, train_n + 0.5), title=f"depth: {g} within the training length (n = {train_n})")
         ax_d.set_xscale("log", base=2)
         ax_d.legend(fontsize=7)
-        for arm, r in doc["results"].get(g, {}).items():
+        main, recipe = doc["results"].get(g), ""
+        if not main:                                   # not run under the curriculum: the fixed-length runs
+            main, recipe = doc.get("fixed_length", {}).get(g, {}), " (fixed-length recipe)"
+        for arm, r in main.items():
             _band(ax_t, r, ARM_LABEL[arm], *ARM_STYLE[arm])
         ax_t.axvspan(0.5, train_n + 0.5, color="grey", alpha=0.08, lw=0)
         ax_t.axvline(train_n + 0.5, color="black", ls=":", lw=1)
         ax_t.axhline(1 / len(group_elements(g)), color="grey", ls="--", lw=1)
         ax_t.set(xlabel=f"position t (trained to {train_n}, tested to {doc['task']['test_n']})", ylim=(-0.02, 1.02),
-                 title=f"time: {g} beyond the training length")
+                 title=f"time: {g} beyond the training length{recipe}")
         ax_t.legend(fontsize=7)
         for ax in (ax_d, ax_t):
             ax.grid(alpha=0.3)
@@ -712,7 +730,7 @@ def timing_of(size, paths, measure=True):
 
 
 def stage_specs(size, stage, train_mode):
-    return {"levers": lambda: lever_specs(size), "main": lambda: main_specs(size, train_mode),
+    return {"levers": lambda: lever_specs(size, train_mode), "main": lambda: main_specs(size, train_mode),
             "long": lambda: long_specs(size),
             "depth": lambda: depth_specs(size)}[stage]()
 
@@ -755,20 +773,23 @@ def run_study(size, paths, command, report_only=False, stages=STAGES, log=print)
 def markdown_summary(doc) -> str:
     """The tables of docs/word_problem.md: the levers; per group and arm, accuracy (mean over seeds [95% t
     interval]) in distribution, beyond it and at positions 16..64; the depth arms' frontiers and MeSH − base."""
-    fmt = lambda v: f"{v[0]:.3f} [{max(0.0, v[1]):.2f}, {min(1.0, v[2]):.2f}]"
+    fmt = lambda v: f"{v[0]:.3f} [{max(0.0, v[1]):.2f}, {min(1.0, v[2]):.2f}]"      # an accuracy
+    fmt_position = lambda v: f"{v[0]:.1f} [{v[1]:.1f}, {v[2]:.1f}]"
     lines = ["| lever (LSTM, one seed; A5 unless it says S5) | acc t = 1..16 | acc t = 17..64 | frontier | minutes |",
              "|---|---|---|---|---|"]
     for name, r in doc.get("levers", {}).items():
         lines.append(f"| {name} | {r['acc_1_16']:.3f} | {r['acc_17_64']:.3f} | {r['frontier']} | {r['minutes']:.1f} |")
     lines += ["", "| group | arm | params | seeds | acc t = 1..16 | acc t = 17..64 | t = 16 | t = 32 | t = 64 | "
               "minutes |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for g, arms in doc["results"].items():
-        for arm, r in arms.items():
-            s = r["summary"]
-            lines.append(f"| {g} | {ARM_LABEL[arm]} | {r['params'][0]:,} | {len(r['seeds'])} | "
-                         + " | ".join(fmt(s[k]) if k in s else "–" for k in
-                                      ("in_dist_mean_1_16", "beyond_mean_17_64", "pos_16", "pos_32", "pos_64"))
-                         + f" | {sum(r['train_seconds']) / len(r['train_seconds']) / 60:.1f} |")
+    rows = [(g, ARM_LABEL[arm], r) for g, arms in doc["results"].items() for arm, r in arms.items()]
+    rows += [(g, "LSTM, twice the steps", r["lstm"]) for g, r in doc.get("results_lstm_twice_the_steps", {}).items()
+             if r]
+    for g, label, r in rows:
+        s = r["summary"]
+        lines.append(f"| {g} | {label} | {r['params'][0]:,} | {len(r['seeds'])} | "
+                     + " | ".join(fmt(s[k]) if k in s else "–" for k in
+                                  ("in_dist_mean_1_16", "beyond_mean_17_64", "pos_16", "pos_32", "pos_64"))
+                     + f" | {sum(r['train_seconds']) / len(r['train_seconds']) / 60:.1f} |")
     for g, arms in doc["depth"].items():
         if not arms:
             continue
@@ -777,7 +798,7 @@ def markdown_summary(doc) -> str:
                   "| arm | unrolled layers | params | seeds | frontier | acc t = 1..16 |", "|---|---|---|---|---|---|"]
         for arm, r in arms.items():
             lines.append(f"| {arm}{' (= ' + r['alias_of'] + ')' if 'alias_of' in r else ''} | {unrolled_layers(arm)} | "
-                         f"{r['params'][0]:,} | {len(r['seeds'])} | {fmt(summary['frontier'][arm])} | "
+                         f"{r['params'][0]:,} | {len(r['seeds'])} | {fmt_position(summary['frontier'][arm])} | "
                          f"{fmt(r['summary']['in_dist_mean_1_16'])} |")
         diffs = [f"K = {k[1:]}: {d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}] ({d[3]} seeds)"
                  for k, d in summary["mesh_minus_base"].items() if d]
