@@ -579,7 +579,9 @@ def report(size, paths, command, extra):
               {"change": LEVERS.get(lever_name(r["spec"])),
                "acc_1_16": in_dist(r, train_n), "acc_17_64": beyond(r, train_n),
                "frontier": frontier(r["acc_by_position"]), "minutes": r["train_seconds"] / 60,
-               "final_loss": r["final_loss"], "curriculum_lengths": r.get("curriculum_lengths")}
+               "final_loss": r["final_loss"], "curriculum_lengths": r.get("curriculum_lengths"),
+               "group": r["spec"]["group"], "arm": r["spec"]["arm"], "steps": r["steps"],
+               "seed": r["spec"]["seed"], "acc_by_position": r["acc_by_position"]}
               for r in lever_runs}
     doc = {"command": command, "task": {
                "groups": {g: len(group_elements(g)) for g in GROUPS}, "train_n": train_n,
@@ -642,7 +644,18 @@ def plot_groups(doc, paths):
         arms, recipe = panels[g]
         for arm, r in arms.items():
             seeds = len(r["seeds"])
-            _band(ax, r, f"{ARM_LABEL[arm]} ({seeds} seed{'s' * (seeds > 1)})", *ARM_STYLE[arm])
+            _band(ax, r, f"{ARM_LABEL[arm]}, {doc['sizes']['steps']:,} steps ({seeds} seed{'s' * (seeds > 1)})",
+                  *ARM_STYLE[arm])
+        long = doc.get("results_lstm_twice_the_steps", {}).get(g, {}).get("lstm")
+        if long:                                          # the LSTM at twice the steps, dash-dotted
+            seeds = len(long["seeds"])
+            _band(ax, long, f"LSTM, {2 * doc['sizes']['steps']:,} steps ({seeds} seed{'s' * (seeds > 1)})",
+                  "C2", "-.", 1.6)
+        for name, r in doc.get("levers", {}).items():   # S5: each arm at 4x the steps, one seed, dotted
+            if g == "S5" and r.get("group") == g and r.get("steps") == 4 * doc["sizes"]["steps"]:
+                ax.plot(range(1, 1 + len(r["acc_by_position"])), r["acc_by_position"], ":",
+                        color=ARM_STYLE[r["arm"]][0], lw=2.2,
+                        label=f"{ARM_LABEL[r['arm']]}, {r['steps']:,} steps (seed {r['seed']})")
         ax.axvspan(0.5, train_n + 0.5, color="grey", alpha=0.08, lw=0)
         ax.axvline(train_n + 0.5, color="black", ls=":", lw=1)
         ax.axhline(1 / doc["task"]["groups"][g], color="grey", ls="--", lw=1)
