@@ -788,7 +788,8 @@ def markdown_summary(doc) -> str:
     interval]) in distribution, beyond it and at positions 16..64; the depth arms' frontiers and MeSH − base."""
     fmt = lambda v: f"{v[0]:.3f} [{max(0.0, v[1]):.2f}, {min(1.0, v[2]):.2f}]"      # an accuracy
     fmt_position = lambda v: f"{v[0]:.1f} [{v[1]:.1f}, {v[2]:.1f}]"
-    lines = ["| lever (LSTM, one seed; A5 unless it says S5) | acc t = 1..16 | acc t = 17..64 | frontier | minutes |",
+    lines = ["| lever (one seed; the LSTM on A5 unless its name says S5 or an arm) | acc t = 1..16 | acc t = 17..64 | "
+             "frontier | minutes |",
              "|---|---|---|---|---|"]
     for name, r in doc.get("levers", {}).items():
         lines.append(f"| {name} | {r['acc_1_16']:.3f} | {r['acc_17_64']:.3f} | {r['frontier']} | {r['minutes']:.1f} |")
@@ -813,7 +814,7 @@ def markdown_summary(doc) -> str:
             lines.append(f"| {arm}{' (= ' + r['alias_of'] + ')' if 'alias_of' in r else ''} | {unrolled_layers(arm)} | "
                          f"{r['params'][0]:,} | {len(r['seeds'])} | {fmt_position(summary['frontier'][arm])} | "
                          f"{fmt(r['summary']['in_dist_mean_1_16'])} |")
-        diffs = [f"K = {k[1:]}: {d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}] ({d[3]} seeds)"
+        diffs = [f"K = {k[1:]}: {d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}] ({d[3]} seed{'s' * (d[3] > 1)})"
                  for k, d in summary["mesh_minus_base"].items() if d]
         if diffs:
             lines += ["", "MeSH − base frontier, paired by seed: " + "; ".join(diffs)]
