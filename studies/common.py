@@ -1,7 +1,8 @@
 """
 What the studies share: the LSTM baseline and its parameter matching, and the pieces of one run, each a
 plain function: open_run (the trainer, resumed from its checkpoint when there is one), gate_values (θ of a
-T²MLR model), read_json and write_json (a run's results, written atomically). Each study writes its own
+T²MLR model), read_json and write_json (a run's results, written atomically); and the length curriculum
+both tasks train under (curriculum_length, advance_curriculum). Each study writes its own
 loop with them: a train-step, an evaluate-and-save at support.loop.evaluation_due, the results JSON.
 """
 
@@ -86,3 +87,27 @@ def write_json(path, doc):
     with open(path + ".tmp", "w") as f:
         json.dump(doc, f, indent=1)
     os.replace(path + ".tmp", path)
+
+
+# -----------------------------------------------------------------------------
+# The length curriculum (Irie et al. 2026): train short, one more step of length once the loss is low
+
+def curriculum_length(state, curriculum, full: int) -> int:
+    """The length trained at the next step: `full` without a curriculum (None); with one ({"start",
+    "threshold"}), the length it has reached (state["length"], from curriculum["start"])."""
+    return full if curriculum is None else state.setdefault("length", curriculum["start"])
+
+
+def advance_curriculum(state, curriculum, full: int, loss: float):
+    """After a step with training loss `loss`: an exponential mean of the loss (weight 0.1 on the newest
+    step), restarted at every length; once it falls below curriculum["threshold"] the next step trains one
+    more, up to `full`. state["length"] and state["loss_mean"] carry it across a resume; state["lengths"]
+    records the step (state["steps_done"]) each length started."""
+    if curriculum is None or state["length"] >= full:
+        return
+    mean = state.get("loss_mean")
+    state["loss_mean"] = loss if mean is None else 0.9 * mean + 0.1 * loss
+    if state["loss_mean"] < curriculum["threshold"]:
+        state["length"] += 1
+        state["loss_mean"] = None
+        state.setdefault("lengths", {})[str(state["length"])] = state["steps_done"]

@@ -39,7 +39,8 @@ import torch
 
 from configurator import ConfigError, check_ranges, load_config
 from model import GPT, GPTConfig
-from studies.common import LSTMLM, gate_values, lstm_hidden_for, read_json, write_json  # noqa: F401
+from studies.common import LSTMLM, advance_curriculum, curriculum_length, gate_values, read_json, write_json
+from studies.common import lstm_hidden_for  # noqa: F401  (the S5 configs' LSTM width, imported from here)
 from support.checkpoints import load_checkpoint, rng_states
 from support.compat import upgrade_config
 from support.loop import evaluation_due, make_trainer, optimizer_step, resume, save_state, saved_step
@@ -159,6 +160,15 @@ class S5Config:
     eval_examples: int = 64               # test examples per n in the final evaluation (training: a quarter)
     lstm_layers: int = 4                  # the LSTM baseline (arch='lstm')
     lstm_hidden: int = 360                # the reference sweep's width (the configs match parameters)
+    curriculum_start: int = 0             # 0: n uniform in [train_min_n, train_max_n] from the first step;
+    curriculum_threshold: float = 0.3     # else in [train_min_n, L], L from curriculum_start up to
+                                          # train_max_n, one more once the loss mean < threshold
+
+    def curriculum(self):
+        """The length curriculum over the number of actions (studies.common), or None."""
+        if not self.curriculum_start:
+            return None
+        return {"start": self.curriculum_start, "threshold": self.curriculum_threshold}
 
     def __post_init__(self):
         if self.arch not in ("gpt", "lstm"):
@@ -177,8 +187,12 @@ class S5Config:
                     "lstm_layers",
                     "lstm_hidden",
                 )
-            },
+            }
+            | {"curriculum_start": ">= 0", "curriculum_threshold": "> 0"},
         )
+        if self.curriculum_start and not self.train_min_n <= self.curriculum_start <= self.train_max_n:
+            raise ValueError(f"curriculum_start = {self.curriculum_start} is outside [train_min_n, train_max_n] = "
+                             f"[{self.train_min_n}, {self.train_max_n}] (0: no curriculum)")
         if self.train_min_n > self.train_max_n or self.test_min_n > self.test_max_n:
             raise ValueError(
                 f"need train_min_n <= train_max_n and test_min_n <= test_max_n; got "
@@ -253,13 +267,13 @@ def evaluate(model, s5: S5Config, n_values, examples_per_n: int, device, autocas
 # Training: one generated batch per step, seeded by (seed, step), so every model sees the same data and a
 # resumed run the same batches as an uninterrupted one
 
-def train_batch(s5: S5Config, seed: int, step: int, batch_size: int, device):
-    """The batch of training step `step`: batch_size examples with n uniform in [train_min_n, train_max_n],
-    drawn from a generator seeded by (seed, step) alone. Returns make_batch's (idx, targets,
-    control), (B, T)."""
+def train_batch(s5: S5Config, seed: int, step: int, batch_size: int, device, max_n=None):
+    """The batch of training step `step`: batch_size examples with n uniform in [train_min_n, max_n]
+    (default train_max_n; the curriculum's length under one), drawn from a generator seeded by (seed, step)
+    alone. Returns make_batch's (idx, targets, control), (B, T)."""
     rng = random.Random(seed * 1_000_000_007 + step)
     examples = [
-        make_example(rng.randint(s5.train_min_n, s5.train_max_n), rng, s5.value_len)
+        make_example(rng.randint(s5.train_min_n, max_n or s5.train_max_n), rng, s5.value_len)
         for _ in range(batch_size)
     ]
     return make_batch(examples, device)
@@ -273,7 +287,8 @@ def check_same_run(saved, model_cfg: GPTConfig, s5: S5Config, path, cfg=None):
     model and task configs (and, given cfg, the same TRAINING_KEYS; saved before they existed: their
     defaults): a run is only ever continued or reused with its own settings. A model config saved under
     older key names is read under the new ones (support.compat)."""
-    stored = {"model_config": upgrade_config(saved["model_config"]), "s5_config": saved["s5_config"]}
+    stored = {"model_config": upgrade_config(saved["model_config"]),    # saved before a key existed: its default
+              "s5_config": {k: f.default for k, f in S5Config.__dataclass_fields__.items()} | saved["s5_config"]}
     differ = [k for config, key in ((model_cfg, "model_config"), (s5, "s5_config"))
               for k, v in asdict(config).items() if stored[key].get(k) != v]
     if cfg is not None:
@@ -331,7 +346,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
                 f"has already trained; give max_iters >= {saved_step(ckpt)}"
             )
         start_step = resume(trainer, ckpt, ckpt_path)
-        state = {"seconds": ckpt["state"]["seconds"], "curve": ckpt["state"]["curve"]}
+        state = dict(ckpt["state"])                    # seconds, curve, and the curriculum's length
     elif os.path.exists(ckpt_path):
         raise RunError(f"{ckpt_path} exists: continue it with --init_from=resume, or choose another out_dir")
     os.makedirs(cfg.out_dir, exist_ok=True)
@@ -346,16 +361,20 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
     losses = []                                        # the training losses since the last curve row
     # T²MLR trains by Jacobi sweeps (D) or the exact recurrence token by token (TrainConfig.train_mode)
     train_mode = cfg.train_mode if s5.arch == "gpt" and model_cfg.t2mlr else None
+    curriculum = s5.curriculum()
 
     def train_step(step):
         """Step `step` on its generated batch; a curve row of the mean loss every log_interval updates."""
-        idx, targets, control = train_batch(s5, cfg.seed, step, cfg.batch_size, device)
+        max_n = curriculum_length(state, curriculum, s5.train_max_n)
+        idx, targets, control = train_batch(s5, cfg.seed, step, cfg.batch_size, device, max_n)
         loss, _, lr = optimizer_step(trainer, step, 1, lambda model, _: model(idx, targets, control=control,
                                                                                mode=train_mode)[1])
         losses.append(loss.item())
-        done = step + 1
+        done = state["steps_done"] = step + 1
+        advance_curriculum(state, curriculum, s5.train_max_n, losses[-1])
         if done % cfg.log_interval == 0 or done == cfg.max_iters:
-            state["curve"].append({"step": done, "loss": sum(losses) / len(losses), "lr": lr} | gate_values(model))
+            row = {"step": done, "loss": sum(losses) / len(losses), "lr": lr} | gate_values(model)
+            state["curve"].append(row | ({"max_n": max_n} if curriculum else {}))
             losses.clear()
 
     def evaluate_and_save(step):
@@ -393,6 +412,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
         **gate_values(model),
         "per_n": {str(n): r for n, r in per_n.items()},
         "curve": state["curve"],
+        "curriculum_lengths": state.get("lengths", {}) if curriculum else None,
         "model_config": asdict(model_cfg),
         "train_config": asdict(cfg),
         "s5_config": asdict(s5),

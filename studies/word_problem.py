@@ -21,7 +21,9 @@ NC¹-complete for A5 and S5), so beyond n = 16 it should fail and T²MLR should 
     python -m studies.word_problem --stage levers        #   the recipe's levers (A5, then S5; one seed)
     python -m studies.word_problem --stage main          #   three arms x four groups x three seeds
     python -m studies.word_problem --stage long          #   the LSTM at twice the steps (A5, S5)
+    python -m studies.word_problem --stage longer        #   the three arms at four times the steps (S5)
     python -m studies.word_problem --stage depth         #   depth arms (S3, A5): frontier vs unrolled depth
+    python -m studies.word_problem --stage depth --group A5   # a stage's runs of one group
     python -m studies.word_problem --report              # tables + figures of what finished (out/word_problem_report)
     python -m studies.word_problem --group A5 --arm t2mlr --seed 5 --out DIR    # one run: DIR/result.json
     python -m studies.word_problem --quick               # every stage at toy size, into out/word_problem_quick
@@ -44,7 +46,8 @@ import time
 import torch
 
 from model import GPT, GPTConfig
-from studies.common import LSTMLM, gate_values, lstm_hidden_for, open_run, read_json, write_json
+from studies.common import (LSTMLM, advance_curriculum, curriculum_length, gate_values, lstm_hidden_for, open_run,
+                            read_json, write_json)
 from studies.reproduce.stats import mean_std, paired_stats, t_quantile
 from support.checkpoints import rng_states
 from support.loop import evaluation_due, make_trainer, optimizer_step, save_state
@@ -134,9 +137,9 @@ FULL = dict(steps=2000, batch_size=256, train_n=16, test_n=64, test_examples=512
             lever_seed=100, groups=("A5", "S5", "Z2", "S3"), depth_groups=("S3", "A5"), n_embd=64, n_layer=4,
             n_head=4, mlp_hidden=256, lstm_layers=2, lr=3e-3, curriculum=CURRICULUM, eval_interval=250,
             timing_steps=8, fixed_length_json="studies/results/word_problem_fixed_length.json",
-            depth_recipe={"steps": 1000, "batch_size": 128})
+            depth_recipe={"steps": 1000, "batch_size": 128}, longer_group="S5")
 QUICK = dict(FULL, steps=12, batch_size=8, test_examples=32, seeds=(0, 1), groups=("S3",), fixed_length_json=None,
-             long_groups=("S3",), depth_seeds=(0,),
+             long_groups=("S3",), depth_seeds=(0,), longer_group="S3", longer_seeds=(0,),
              depth_groups=("S3",), n_embd=32, mlp_hidden=64, eval_interval=6, timing_steps=1,
              curriculum={"start": 2, "threshold": 3.0}, depth_recipe={})
 # A GPU config: wider models, 4x the steps and the batch. Not run here (no GPU was lent to this study);
@@ -257,36 +260,13 @@ def accuracy_by_position(model, table, n, examples, seed, batch=256, identity_st
     return (right[1:] if identity_start else right).div(examples).cpu().tolist()
 
 
-def curriculum_length(state, spec) -> int:
-    """The length supervised at the next step: spec["train_n"] without a curriculum; with one, the length
-    the curriculum has reached (state["length"], from curriculum["start"])."""
-    cur = spec.get("curriculum")
-    return spec["train_n"] if cur is None else state.setdefault("length", cur["start"])
-
-
-def advance_curriculum(state, spec, loss: float):
-    """The length curriculum (Irie et al. 2026): an exponential mean of the training loss (weight 0.1 on the
-    newest step) restarted at every length; once it falls below curriculum["threshold"] the next step
-    trains one position more, up to spec["train_n"]. state["length"], state["loss_mean"] carry it across a
-    resume; state["lengths"] records the step each length started."""
-    cur = spec.get("curriculum")
-    if cur is None or state["length"] >= spec["train_n"]:
-        return
-    mean = state.get("loss_mean")
-    state["loss_mean"] = loss if mean is None else 0.9 * mean + 0.1 * loss
-    if state["loss_mean"] < cur["threshold"]:
-        state["length"] += 1
-        state["loss_mean"] = None
-        state.setdefault("lengths", {})[str(state["length"])] = state["steps_done"]
-
-
 def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     """Train and evaluate the run `spec` (a dict: name, group, seed, model, train, train_mode, train_n,
     test_n, test_examples, curriculum), or return its finished results. Resumable: a finished run (its
     JSON, out_json or paths["runs"]/<name>.json) is returned as is; an unfinished one continues from its
     checkpoint (ckpt_dir or paths["ckpt"]/<name>). A JSON or checkpoint made with another spec is refused
     (RunError). With spec["curriculum"] the batch of each step is the first `length` positions of the same
-    words (curriculum_length), so every arm sees the same words."""
+    words (curriculum_length: positions 1..length), so every arm sees the same words."""
     out_json = out_json or os.path.join(paths["runs"], spec["name"] + ".json")
     if os.path.exists(out_json):
         done = read_json(out_json)
@@ -315,15 +295,18 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     t0 = time.time() - state["seconds"]
     for step in range(start, cfg.max_iters + 1):
         if evaluation_due(cfg, step, evaluated=start):       # the curve's row, then the checkpoint
-            acc = accuracy_by_position(model, table, spec["train_n"], 128, PROBE_SEED,
+            acc = accuracy_by_position(model, table, spec["test_n"], 128, PROBE_SEED,   # probe words, not the test's
                                        identity_start=identity_start)
             state["seconds"] = time.time() - t0
-            row = {"step": step, "acc_in": sum(acc) / len(acc)}
+            inside, past = acc[:spec["train_n"]], acc[spec["train_n"]:]
+            row = {"step": step, "acc_in": sum(inside) / len(inside)}
+            if past:                                         # logged only: nothing is chosen by it
+                row["acc_beyond"] = sum(past) / len(past)
             if losses:
                 row["loss"] = sum(losses) / len(losses)
                 losses.clear()
             if spec.get("curriculum"):
-                row["length"] = curriculum_length(state, spec)
+                row["length"] = curriculum_length(state, spec.get("curriculum"), spec["train_n"])
             row |= {k: v for k, v in gate_values(model).items() if k == "theta_r"}
             state["curve"].append(row)
             log(f"  step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step")
@@ -331,14 +314,14 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
             save_state(trainer, step, [rng_states()], spec=json.dumps(spec), state=json.dumps(state))
         if step == cfg.max_iters:
             break
-        n = curriculum_length(state, spec)          # the words' first n positions (the curriculum's length)
+        n = curriculum_length(state, spec.get("curriculum"), spec["train_n"])   # the words' first n positions
         x, y = (t[:, :n] for t in
                 make_batch(table, cfg.batch_size, spec["train_n"], batch_seed(spec["group"], cfg.seed, step)))
         x, y = (t.to(device) for t in (with_identity_start(x, y) if identity_start else (x, y)))
         loss, _, _ = optimizer_step(trainer, step, 1, lambda m, _: step_loss(m, x, y, spec["train_mode"]))
         losses.append(loss.item())
         state["steps_done"] = step + 1
-        advance_curriculum(state, spec, losses[-1])
+        advance_curriculum(state, spec.get("curriculum"), spec["train_n"], losses[-1])
     acc = accuracy_by_position(model, table, spec["test_n"], spec["test_examples"], TEST_SEED,
                                identity_start=identity_start)
     results = {"spec": spec, "params": n_params, "train_seconds": state["seconds"], "steps": cfg.max_iters,
@@ -462,6 +445,16 @@ def long_specs(size, seeds=None):
     return [spec_of(size, "long", g, "lstm", seed, matched_arms(size, g)["lstm"], None, None, steps=2 * size["steps"]) for g in size.get("long_groups", ("A5", "S5")) for seed in seeds or size["seeds"]]
 
 
+def longer_specs(size, train_mode, seeds=None):
+    """The three arms at four times the recipe's steps on size["longer_group"] (S5: the steps lever that
+    learned it, LEVERS "S5_*steps8000", spent on the test seeds): T²MLR, the LSTM, the transformer, seed by
+    seed."""
+    group = size["longer_group"]
+    return [spec_of(size, "longer", group, arm, seed, matched_arms(size, group)[arm], None, train_mode,
+                    steps=4 * size["steps"])
+            for arm in ("t2mlr", "lstm", "transformer") for seed in seeds or size.get("longer_seeds", size["seeds"])]
+
+
 def depth_specs(size, seeds=None):
     """The depth arms (DEPTH_TRAINED) on each depth group, trained on n = 16 and tested there; size[
     "depth_recipe"] (steps, batch_size) replaces the recipe's (half of each in FULL: 18 arms a seed). Their
@@ -521,6 +514,15 @@ def aggregate(runs, arms, train_n):
     return out
 
 
+def with_curves(agg, runs):
+    """agg (aggregate's) with each arm's training curves added: "curves", one list of rows (step, acc_in,
+    acc_beyond, loss, length) per seed, in the order of agg's seeds."""
+    for arm, r in agg.items():
+        by_seed = {run["spec"]["seed"]: run["curve"] for run in runs if run["spec"]["arm"] == arm}
+        r["curves"] = [by_seed[seed] for seed in r["seeds"]]
+    return agg
+
+
 def load_runs(paths, stage):
     runs = []
     if os.path.isdir(paths["runs"]):
@@ -565,7 +567,8 @@ def fixed_length_results(size, groups):
 def report(size, paths, command, extra):
     """Assemble the JSON and the figures from the per-run results finished so far."""
     train_n = size["train_n"]
-    main_runs, depth_runs, lever_runs, long_runs = (load_runs(paths, stage) for stage in ("main", "depth", "lever", "long"))
+    main_runs, depth_runs, lever_runs, long_runs, longer_runs = (
+        load_runs(paths, stage) for stage in ("main", "depth", "lever", "long", "longer"))
     results = {g: aggregate([r for r in main_runs if r["spec"]["group"] == g], ARMS, train_n)
                for g in size["groups"]}
     depth = {}
@@ -590,14 +593,18 @@ def report(size, paths, command, extra):
                "convention": "(p·q)(i) = p(q(i)); s_t = s_{t-1}·a_t; ids = lexicographic order, identity 0"},
            "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in size.items()},
            "finished_runs": {"levers": len(lever_runs), "main": len(main_runs), "depth": len(depth_runs),
+                             "longer": len(longer_runs), "longer_expected": len(longer_specs(size, None)),
                              "levers_expected": len(LEVERS), "main_expected": len(main_specs(size, None)),
                              "depth_expected": len(depth_specs(size))},
            **extra, "levers": levers, "results": results,
            "results_lstm_twice_the_steps": {g: aggregate([r for r in long_runs if r["spec"]["group"] == g], ("lstm",), train_n)
-                                            for g in ("A5", "S5")}, "depth": depth, "depth_summary": depth_summary(depth),
+                                            for g in ("A5", "S5")},
+           "results_four_times_the_steps": {size["longer_group"]: with_curves(aggregate(longer_runs, ARMS, train_n),
+                                                                                longer_runs)},
+           "depth": depth, "depth_summary": depth_summary(depth),
            "fixed_length": fixed_length_results(size, [g for g in GROUPS if not results.get(g)])}
     write_json(paths["json"], doc)
-    written = [paths["json"]] + plot_groups(doc, paths) + plot_depth_vs_time(doc, paths)
+    written = [paths["json"]] + plot_groups(doc, paths) + plot_depth_vs_time(doc, paths) + plot_curves(doc, paths)
     return doc, written
 
 
@@ -628,6 +635,11 @@ def _band(ax, r, label, color, style="-", lw=1.6):
                     lw=0)                            # the interval, clipped to the possible accuracies
 
 
+def seeds_label(r) -> str:
+    """'1 seed', '3 seeds': the seeds of an aggregate (aggregate's "seeds")."""
+    return f"{len(r['seeds'])} seed{'s' * (len(r['seeds']) > 1)}"
+
+
 def plot_groups(doc, paths):
     """One figure, a panel per group: accuracy against position, one line per arm (mean over seeds, 95% t
     band), the training length shaded."""
@@ -642,17 +654,18 @@ def plot_groups(doc, paths):
     fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 3.8 * rows), squeeze=False)
     for ax, g in zip(axes.flat, groups):
         arms, recipe = panels[g]
+        steps = doc["sizes"]["steps"]
         for arm, r in arms.items():
-            seeds = len(r["seeds"])
-            _band(ax, r, f"{ARM_LABEL[arm]}, {doc['sizes']['steps']:,} steps ({seeds} seed{'s' * (seeds > 1)})",
-                  *ARM_STYLE[arm])
+            _band(ax, r, f"{ARM_LABEL[arm]}, {steps:,} steps ({seeds_label(r)})", *ARM_STYLE[arm])
         long = doc.get("results_lstm_twice_the_steps", {}).get(g, {}).get("lstm")
         if long:                                          # the LSTM at twice the steps, dash-dotted
-            seeds = len(long["seeds"])
-            _band(ax, long, f"LSTM, {2 * doc['sizes']['steps']:,} steps ({seeds} seed{'s' * (seeds > 1)})",
-                  "C2", "-.", 1.6)
-        for name, r in doc.get("levers", {}).items():   # S5: each arm at 4x the steps, one seed, dotted
-            if g == "S5" and r.get("group") == g and r.get("steps") == 4 * doc["sizes"]["steps"]:
+            _band(ax, long, f"LSTM, {2 * steps:,} steps ({seeds_label(long)})", "C2", "-.", 1.6)
+        longer = doc.get("results_four_times_the_steps", {}).get(g, {})
+        for arm, r in longer.items():                     # every arm at four times the steps, dotted
+            _band(ax, r, f"{ARM_LABEL[arm]}, {4 * steps:,} steps ({seeds_label(r)})", ARM_STYLE[arm][0], ":", 2.2)
+        for name, r in doc.get("levers", {}).items():   # S5 levers at 4x the steps (one seed) not yet run on seeds
+            if (g == "S5" and r.get("group") == g and r.get("steps") == 4 * steps
+                    and r.get("arm") not in longer):
                 ax.plot(range(1, 1 + len(r["acc_by_position"])), r["acc_by_position"], ":",
                         color=ARM_STYLE[r["arm"]][0], lw=2.2,
                         label=f"{ARM_LABEL[r['arm']]}, {r['steps']:,} steps (seed {r['seed']})")
@@ -668,6 +681,36 @@ def plot_groups(doc, paths):
     for ax in list(axes.flat)[len(groups):]:
         ax.set_visible(False)
     return [_save(plt, fig, paths, "word_problem_groups.png")]
+
+
+def plot_curves(doc, paths):
+    """The runs at four times the steps, a line per seed: the probe's accuracy past the training length
+    (positions 17..64 of 128 probe words, not the test's) and the curriculum's length, against the step."""
+    arms = {g: a for g, a in doc.get("results_four_times_the_steps", {}).items() if a}
+    if not arms:
+        return []
+    plt = _plt()
+    (g, arms), = arms.items()
+    fig, (ax_b, ax_l) = plt.subplots(1, 2, figsize=(12, 3.8))
+    for arm, r in arms.items():
+        color, style, _ = ARM_STYLE[arm]
+        for i, (seed, curve) in enumerate(zip(r["seeds"], r["curves"])):
+            label = f"{ARM_LABEL[arm]} ({seeds_label(r)})" if i == 0 else None
+            steps = [row["step"] for row in curve]
+            ax_b.plot(steps, [row.get("acc_beyond", float("nan")) for row in curve], style, color=color, lw=1.4,
+                      label=label)
+            ax_l.plot(steps, [row.get("length", float("nan")) for row in curve], style, color=color, lw=1.4,
+                      label=label)
+    train_n = doc["task"]["train_n"]
+    ax_b.axhline(1 / doc["task"]["groups"][g], color="grey", ls="--", lw=1)          # chance
+    ax_b.set(xlabel="training step", ylabel=f"accuracy, positions {train_n + 1}..{doc['task']['test_n']}",
+             ylim=(-0.02, 1.02), title=f"{g}: past the training length while training (probe words)")
+    ax_l.set(xlabel="training step", ylabel="curriculum length (positions trained)", ylim=(0, train_n + 1),
+             title=f"{g}: the curriculum, {4 * doc['sizes']['steps']:,} steps")
+    for ax in (ax_b, ax_l):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return [_save(plt, fig, paths, "word_problem_curves.png")]
 
 
 def plot_depth_vs_time(doc, paths):
@@ -727,7 +770,7 @@ def study_paths(root=None, report_only=False):
             "json": os.path.join(root, "word_problem.json"), "assets": root}
 
 
-STAGES = ("levers", "main", "long", "depth")
+STAGES = ("levers", "main", "long", "longer", "depth")
 
 
 def timing_of(size, paths, measure=True):
@@ -744,7 +787,7 @@ def timing_of(size, paths, measure=True):
 
 def stage_specs(size, stage, train_mode):
     return {"levers": lambda: lever_specs(size, train_mode), "main": lambda: main_specs(size, train_mode),
-            "long": lambda: long_specs(size),
+            "long": lambda: long_specs(size), "longer": lambda: longer_specs(size, train_mode),
             "depth": lambda: depth_specs(size)}[stage]()
 
 
@@ -762,9 +805,10 @@ def run_locked(spec, paths, log, device):
         return run_one(spec, paths, log, device)
 
 
-def run_study(size, paths, command, report_only=False, stages=STAGES, log=print):
-    """The stages in order (each run skipped when finished), the report after each group. report_only:
-    assemble what has finished, training nothing (the timing must exist)."""
+def run_study(size, paths, command, report_only=False, stages=STAGES, log=print, group=None):
+    """The stages in order (each run skipped when finished; with `group`, that group's runs alone), the
+    report after each group. report_only: assemble what has finished, training nothing (the timing must
+    exist)."""
     os.makedirs(paths["runs"], exist_ok=True)
     timing = timing_of(size, paths, measure=not report_only)
     s = timing["seconds_per_step"]
@@ -774,7 +818,8 @@ def run_study(size, paths, command, report_only=False, stages=STAGES, log=print)
     if not report_only:
         t_start = time.time()
         for stage in stages:
-            specs = stage_specs(size, stage, timing["chosen_train_mode"])
+            specs = [spec for spec in stage_specs(size, stage, timing["chosen_train_mode"])
+                     if group in (None, spec["group"])]
             for i, spec in enumerate(specs):
                 log(f"[{stage} {i + 1}/{len(specs)}, {(time.time() - t_start) / 60:.1f} min]")
                 run_locked(spec, paths, log, size.get("device", "cpu"))
@@ -798,6 +843,8 @@ def markdown_summary(doc) -> str:
     rows = [(g, ARM_LABEL[arm], r) for g, arms in doc["results"].items() for arm, r in arms.items()]
     rows += [(g, "LSTM, twice the steps", r["lstm"]) for g, r in doc.get("results_lstm_twice_the_steps", {}).items()
              if r]
+    rows += [(g, f"{ARM_LABEL[arm]}, four times the steps", r)
+             for g, arms in doc.get("results_four_times_the_steps", {}).items() for arm, r in arms.items()]
     for g, label, r in rows:
         s = r["summary"]
         lines.append(f"| {g} | {label} | {r['params'][0]:,} | {len(r['seeds'])} | "
@@ -856,13 +903,13 @@ def parse_args(argv):
     p.add_argument("--report", action="store_true", help="the JSON and figures from the finished runs")
     p.add_argument("--root", help="the study's folder (default: studies/results/word_problem + assets/)")
     p.add_argument("--stage", choices=STAGES, action="append", help="run only this stage (repeatable)")
-    p.add_argument("--group", choices=GROUPS, help="one run: the group")
+    p.add_argument("--group", choices=GROUPS, help="one run: the group; without --arm: the stages' runs of it")
     p.add_argument("--arm", choices=ARMS, help="one run: the arm")
     p.add_argument("--seed", type=int, default=0, help="one run: the seed (default 0)")
     p.add_argument("--out", help="one run: its folder (result.json, ckpt.pt)")
     args = p.parse_args(argv)
     one = (args.group, args.arm, args.out)
-    if any(one) and not all(one):
+    if (args.arm or args.out) and not all(one):
         raise RunError("one run needs --group, --arm and --out (and optionally --seed)")
     if args.quick and args.gpu:
         raise RunError("--quick and --gpu are two sizes: give one")
@@ -878,7 +925,7 @@ def main(argv):
     threads = os.environ.get("OMP_NUM_THREADS")
     command = " ".join(([f"OMP_NUM_THREADS={threads}"] if threads else []) + ["python -m studies.word_problem", *argv])
     doc, written = run_study(size, study_paths(root, args.report), command, args.report,
-                             tuple(args.stage or STAGES))
+                             tuple(args.stage or STAGES), group=args.group)
     print("wrote " + ", ".join(written))
     print(markdown_summary(doc))
 

@@ -279,6 +279,49 @@ def test_runs_are_only_continued_or_reused_with_their_own_settings(tmp_path):
         tiny_run("--max_iters=2", out, "--init_from=resume")
 
 
+def test_the_curriculum_bounds_the_lengths_and_widens_them_once_the_loss_is_low(tmp_path):
+    from studies.s5_retrieval import train_batch
+    s5 = S5Config(train_min_n=1, train_max_n=6, curriculum_start=2)
+    assert s5.curriculum() == {"start": 2, "threshold": 0.3} and S5Config().curriculum() is None
+    for max_n in (2, 4):
+        lengths = set()
+        for step in range(60):
+            _, _, control = train_batch(s5, seed=0, step=step, batch_size=8, device="cpu", max_n=max_n)
+            lengths |= set(((control == 2).sum(dim=1) // 5).tolist())
+        assert lengths == set(range(1, max_n + 1))
+    # a threshold no loss reaches keeps the length at the start; without a curriculum no length is logged
+    stays = tiny_run("--max_iters=4", "--curriculum_start=1", "--curriculum_threshold=1e-9",
+                     f"--out_dir={tmp_path / 'never'}")
+    assert [r["max_n"] for r in stays["curve"]] == [1, 1, 1, 1] and stays["curriculum_lengths"] == {}
+    assert "max_n" not in tiny_run("--max_iters=1", f"--out_dir={tmp_path / 'off'}")["curve"][0]
+
+
+def test_a_curriculum_run_resumes_to_the_uninterrupted_one(tmp_path):
+    """The curriculum's length and loss mean travel in the checkpoint: stopped at step 2 and resumed, the
+    same lengths, losses and weights as 4 steps at once."""
+    widen = ["--curriculum_start=1", "--curriculum_threshold=100"]
+    whole = tiny_run("--max_iters=4", *widen, f"--out_dir={tmp_path / 'whole'}")
+    assert [r["max_n"] for r in whole["curve"]] == [1, 2, 3, 3]            # train_max_n = 3
+    assert whole["curriculum_lengths"] == {"2": 1, "3": 2}
+    tiny_run("--max_iters=2", *widen, f"--out_dir={tmp_path / 'split'}")
+    split = tiny_run("--max_iters=4", *widen, f"--out_dir={tmp_path / 'split'}", "--init_from=resume")
+    assert split["curve"] == whole["curve"] and split["curriculum_lengths"] == whole["curriculum_lengths"]
+    a, b = (torch.load(tmp_path / d / "ckpt.pt", weights_only=True)["model"] for d in ("whole", "split"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_checkpoint_saved_before_the_curriculum_existed_resumes(tmp_path):
+    """Its s5_config lacks the curriculum's keys: read as their defaults (no curriculum), not refused."""
+    whole = tiny_run("--max_iters=4", f"--out_dir={tmp_path / 'whole'}")
+    tiny_run("--max_iters=2", f"--out_dir={tmp_path / 'old'}")
+    path = tmp_path / "old" / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["s5_config"] = {k: v for k, v in ckpt["s5_config"].items() if not k.startswith("curriculum")}
+    torch.save(ckpt, path)
+    resumed = tiny_run("--max_iters=4", f"--out_dir={tmp_path / 'old'}", "--init_from=resume")
+    assert resumed["curve"] == whole["curve"] and resumed["per_n"] == whole["per_n"]
+
+
 def test_evaluations_off_the_log_grid_get_their_own_rows(tmp_path):
     result = tiny_run("--max_iters=5", "--log_interval=2", "--eval_interval=3", f"--out_dir={tmp_path}")
     rows = {row["step"]: row for row in result["curve"]}
@@ -350,6 +393,8 @@ def test_plot_writes_the_figure_and_the_curves(tmp_path):
     (["--arch=gru"], r"arch 'gru' is not one of 'gpt', 'lstm'"),
     (["--test_max_n=30"], r"block_size = 256 is shorter than the longest example, 301 tokens at n = 30"),
     (["--vocab_size=100"], r"vocab_size = 100 is smaller than the S5 vocabulary, 188"),
+    (["--curriculum_start=13"], r"curriculum_start = 13 is outside \[train_min_n, train_max_n\] = \[1, 12\]"),
+    (["--curriculum_threshold=0"], r"curriculum_threshold = 0(\.0)? must be > 0"),
 ])
 def test_bad_input_is_one_error_line(tmp_path, args, message):
     result = subprocess.run(

@@ -209,10 +209,16 @@ def test_quick_study_runs_end_to_end_and_a_relaunch_trains_nothing(tmp_path):
         r = doc["results"]["S3"][arm]
         assert len(r["mean"]) == 64 and len(r["seeds"]) == 2
         assert all(lo <= m + 1e-12 and m <= hi + 1e-12 for lo, m, hi in zip(r["lo"], r["mean"], r["hi"]))
+    longer = doc["results_four_times_the_steps"]["S3"]                   # every arm at 4x the steps
+    assert set(longer) == set(wp.ARMS) and all(r["seeds"] == [0] for r in longer.values())
+    run = json.loads((tmp_path / "runs" / "longer_S3_t2mlr_s0.json").read_text())
+    assert run["steps"] == 4 * wp.QUICK["steps"] and len(run["curve"]) == 4 * wp.QUICK["steps"] // wp.QUICK["eval_interval"]
+    assert all(0 <= row["acc_beyond"] <= 1 for row in run["curve"])   # the probe past the training length
+    assert longer["t2mlr"]["curves"] == [run["curve"]]                  # the curves figure's rows
     assert set(doc["depth"]["S3"]) == set(wp.DEPTH_ORDER)
     assert all(len(r["mean"]) == 16 for r in doc["depth"]["S3"].values())
     assert set(doc["depth_summary"]["S3"]["mesh_minus_base"]) == {f"K{K}" for K in wp.LOOPS}
-    for name in ("word_problem_groups.png", "word_problem_depth_vs_time.png"):
+    for name in ("word_problem_groups.png", "word_problem_depth_vs_time.png", "word_problem_curves.png"):
         assert (tmp_path / name).stat().st_size > 10_000
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.json")}
     second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -224,19 +230,19 @@ def test_quick_study_runs_end_to_end_and_a_relaunch_trains_nothing(tmp_path):
 def test_the_curriculum_extends_the_length_once_the_loss_mean_falls_below_the_threshold():
     spec = {"train_n": 5, "curriculum": {"start": 2, "threshold": 0.3}}
     state = {"steps_done": 0}
-    assert wp.curriculum_length(state, spec) == 2
+    assert wp.curriculum_length(state, spec["curriculum"], spec["train_n"]) == 2
     for i, loss in enumerate([1.0, 0.2, 0.2, 0.2, 0.2]):           # the mean: 1.0, 0.92, 0.848, ...
         state["steps_done"] = i + 1
-        wp.advance_curriculum(state, spec, loss)
-    assert wp.curriculum_length(state, spec) == 2                    # 0.8*0.9^4 + 0.2 > 0.3: not yet
+        wp.advance_curriculum(state, spec["curriculum"], spec["train_n"], loss)
+    assert wp.curriculum_length(state, spec["curriculum"], spec["train_n"]) == 2                    # 0.8*0.9^4 + 0.2 > 0.3: not yet
     losses = [0.2] * 30
     for i, loss in enumerate(losses):
         state["steps_done"] = 6 + i
-        wp.advance_curriculum(state, spec, loss)
-    assert wp.curriculum_length(state, spec) == 5                    # every length reached, then it stays
+        wp.advance_curriculum(state, spec["curriculum"], spec["train_n"], loss)
+    assert wp.curriculum_length(state, spec["curriculum"], spec["train_n"]) == 5                    # every length reached, then it stays
     assert list(state["lengths"]) == ["3", "4", "5"]
     assert state["lengths"]["4"] == state["lengths"]["3"] + 1        # 0.2 < 0.3: one step per new length
-    assert wp.curriculum_length({}, {"train_n": 16, "curriculum": None}) == 16
+    assert wp.curriculum_length({}, None, 16) == 16
 
 
 def test_the_frontier_is_the_last_position_at_or_above_the_level():
@@ -257,6 +263,23 @@ def test_one_run_from_the_command_line_writes_its_result(tmp_path):
     assert r["recipe"]["curriculum"] == wp.QUICK["curriculum"] and r["recipe"]["train"]["batch_size"] == 8
     bad = subprocess.run([*cmd[:-2]], cwd=ROOT, capture_output=True, text=True, timeout=60)  # no --out
     assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0 and "--out" in bad.stderr
+
+
+def test_a_stage_with_a_group_trains_that_groups_runs_alone(tmp_path, monkeypatch):
+    paths = wp.study_paths(str(tmp_path))
+    os.makedirs(paths["runs"])
+    timing = {"seconds_per_step": {"exact": 1.0, "jacobi_D16_b15": 2.0, "jacobi_D16_b4": 1.5},
+              "chosen_train_mode": "exact"}
+    (tmp_path / "runs" / "timing.json").write_text(json.dumps(timing))            # no step timed here
+    trained = []
+    monkeypatch.setattr(wp, "run_locked", lambda spec, *_: trained.append(spec["name"]))
+    monkeypatch.setattr(wp, "report", lambda *_: ({}, []))                        # no figures drawn
+    wp.run_study(wp.FULL, paths, "cmd", stages=("depth",), log=lambda _: None, group="A5")
+    assert trained == [s["name"] for s in wp.depth_specs(wp.FULL) if s["group"] == "A5"] and len(trained) == 54
+    trained.clear()
+    wp.run_study(wp.FULL, paths, "cmd", stages=("longer", "depth"), log=lambda _: None, group="S5")
+    assert trained == [s["name"] for s in wp.longer_specs(wp.FULL, "exact")]        # S5 has no depth runs
+    assert wp.parse_args(["--stage", "depth", "--group", "A5"]).group == "A5"   # not a one-run command
 
 
 def test_a_report_of_the_committed_study_writes_outside_the_tracked_files():
