@@ -442,7 +442,11 @@ def main_specs(size, train_mode, seeds=None):
 
 def long_specs(size, seeds=None):
     """The LSTM at twice the recipe's steps, A5 then S5, seed by seed: what the steps lever buys it."""
-    return [spec_of(size, "long", g, "lstm", seed, matched_arms(size, g)["lstm"], None, None, steps=2 * size["steps"]) for g in size.get("long_groups", ("A5", "S5")) for seed in seeds or size["seeds"]]
+    return [spec_of(size, "long", g, "lstm", seed, matched_arms(size, g)["lstm"], None, None, steps=2 * size["steps"])
+            for g in size.get("long_groups", ("A5", "S5")) for seed in seeds or size["seeds"]]
+
+
+LONGER = 4                                 # the longer stage's steps, as a multiple of the recipe's
 
 
 def longer_specs(size, train_mode, seeds=None):
@@ -451,7 +455,7 @@ def longer_specs(size, train_mode, seeds=None):
     seed."""
     group = size["longer_group"]
     return [spec_of(size, "longer", group, arm, seed, matched_arms(size, group)[arm], None, train_mode,
-                    steps=4 * size["steps"])
+                    steps=LONGER * size["steps"])
             for arm in ("t2mlr", "lstm", "transformer") for seed in seeds or size.get("longer_seeds", size["seeds"])]
 
 
@@ -662,9 +666,10 @@ def plot_groups(doc, paths):
             _band(ax, long, f"LSTM, {2 * steps:,} steps ({seeds_label(long)})", "C2", "-.", 1.6)
         longer = doc.get("results_four_times_the_steps", {}).get(g, {})
         for arm, r in longer.items():                     # every arm at four times the steps, dotted
-            _band(ax, r, f"{ARM_LABEL[arm]}, {4 * steps:,} steps ({seeds_label(r)})", ARM_STYLE[arm][0], ":", 2.2)
+            _band(ax, r, f"{ARM_LABEL[arm]}, {LONGER * steps:,} steps ({seeds_label(r)})", ARM_STYLE[arm][0], ":",
+                  2.2)
         for name, r in doc.get("levers", {}).items():   # S5 levers at 4x the steps (one seed) not yet run on seeds
-            if (g == "S5" and r.get("group") == g and r.get("steps") == 4 * steps
+            if (g == "S5" and r.get("group") == g and r.get("steps") == LONGER * steps
                     and r.get("arm") not in longer):
                 ax.plot(range(1, 1 + len(r["acc_by_position"])), r["acc_by_position"], ":",
                         color=ARM_STYLE[r["arm"]][0], lw=2.2,
@@ -686,15 +691,15 @@ def plot_groups(doc, paths):
 def plot_curves(doc, paths):
     """The runs at four times the steps, a line per seed: the probe's accuracy past the training length
     (positions 17..64 of 128 probe words, not the test's) and the curriculum's length, against the step."""
-    arms = {g: a for g, a in doc.get("results_four_times_the_steps", {}).items() if a}
-    if not arms:
+    groups = {g: a for g, a in doc.get("results_four_times_the_steps", {}).items() if a}
+    if not groups:
         return []
     plt = _plt()
-    (g, arms), = arms.items()
+    (g, arms), = groups.items()
     fig, (ax_b, ax_l) = plt.subplots(1, 2, figsize=(12, 3.8))
     for arm, r in arms.items():
         color, style, _ = ARM_STYLE[arm]
-        for i, (seed, curve) in enumerate(zip(r["seeds"], r["curves"])):
+        for i, curve in enumerate(r["curves"]):
             label = f"{ARM_LABEL[arm]} ({seeds_label(r)})" if i == 0 else None
             steps = [row["step"] for row in curve]
             ax_b.plot(steps, [row.get("acc_beyond", float("nan")) for row in curve], style, color=color, lw=1.4,
@@ -706,7 +711,7 @@ def plot_curves(doc, paths):
     ax_b.set(xlabel="training step", ylabel=f"accuracy, positions {train_n + 1}..{doc['task']['test_n']}",
              ylim=(-0.02, 1.02), title=f"{g}: past the training length while training (probe words)")
     ax_l.set(xlabel="training step", ylabel="curriculum length (positions trained)", ylim=(0, train_n + 1),
-             title=f"{g}: the curriculum, {4 * doc['sizes']['steps']:,} steps")
+             title=f"{g}: the curriculum, {LONGER * doc['sizes']['steps']:,} steps")
     for ax in (ax_b, ax_l):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -212,7 +212,8 @@ def test_quick_study_runs_end_to_end_and_a_relaunch_trains_nothing(tmp_path):
     longer = doc["results_four_times_the_steps"]["S3"]                   # every arm at 4x the steps
     assert set(longer) == set(wp.ARMS) and all(r["seeds"] == [0] for r in longer.values())
     run = json.loads((tmp_path / "runs" / "longer_S3_t2mlr_s0.json").read_text())
-    assert run["steps"] == 4 * wp.QUICK["steps"] and len(run["curve"]) == 4 * wp.QUICK["steps"] // wp.QUICK["eval_interval"]
+    steps = wp.LONGER * wp.QUICK["steps"]
+    assert run["steps"] == steps and len(run["curve"]) == steps // wp.QUICK["eval_interval"]
     assert all(0 <= row["acc_beyond"] <= 1 for row in run["curve"])   # the probe past the training length
     assert longer["t2mlr"]["curves"] == [run["curve"]]                  # the curves figure's rows
     assert set(doc["depth"]["S3"]) == set(wp.DEPTH_ORDER)
@@ -228,18 +229,18 @@ def test_quick_study_runs_end_to_end_and_a_relaunch_trains_nothing(tmp_path):
 
 
 def test_the_curriculum_extends_the_length_once_the_loss_mean_falls_below_the_threshold():
-    spec = {"train_n": 5, "curriculum": {"start": 2, "threshold": 0.3}}
+    cur, full = {"start": 2, "threshold": 0.3}, 5
     state = {"steps_done": 0}
-    assert wp.curriculum_length(state, spec["curriculum"], spec["train_n"]) == 2
+    assert wp.curriculum_length(state, cur, full) == 2
     for i, loss in enumerate([1.0, 0.2, 0.2, 0.2, 0.2]):           # the mean: 1.0, 0.92, 0.848, ...
         state["steps_done"] = i + 1
-        wp.advance_curriculum(state, spec["curriculum"], spec["train_n"], loss)
-    assert wp.curriculum_length(state, spec["curriculum"], spec["train_n"]) == 2                    # 0.8*0.9^4 + 0.2 > 0.3: not yet
+        wp.advance_curriculum(state, cur, full, loss)
+    assert wp.curriculum_length(state, cur, full) == 2          # 0.8*0.9^4 + 0.2 > 0.3: not yet
     losses = [0.2] * 30
     for i, loss in enumerate(losses):
         state["steps_done"] = 6 + i
-        wp.advance_curriculum(state, spec["curriculum"], spec["train_n"], loss)
-    assert wp.curriculum_length(state, spec["curriculum"], spec["train_n"]) == 5                    # every length reached, then it stays
+        wp.advance_curriculum(state, cur, full, loss)
+    assert wp.curriculum_length(state, cur, full) == 5          # every length reached, then it stays
     assert list(state["lengths"]) == ["3", "4", "5"]
     assert state["lengths"]["4"] == state["lengths"]["3"] + 1        # 0.2 < 0.3: one step per new length
     assert wp.curriculum_length({}, None, 16) == 16
