@@ -141,7 +141,8 @@ FULL = dict(steps=2000, batch_size=256, train_n=16, test_n=64, test_examples=512
 QUICK = dict(FULL, steps=12, batch_size=8, test_examples=32, seeds=(0, 1), groups=("S3",), fixed_length_json=None,
              long_groups=("S3",), depth_seeds=(0,), longer_group="S3", longer_seeds=(0,),
              depth_groups=("S3",), n_embd=32, mlp_hidden=64, eval_interval=6, timing_steps=1,
-             curriculum={"start": 2, "threshold": 3.0}, depth_recipe={})
+             curriculum={"start": 2, "threshold": 3.0}, depth_recipe={},
+             levers=("recipe", "fixed_b256", "S5_t2mlr_steps8000", "S5_t2mlr_s2_plain_state"))  # one of each kind
 # A GPU config: wider models, 4x the steps and the batch. Not run here (no GPU was lent to this study);
 # python -m studies.word_problem --gpu
 GPU = dict(FULL, steps=10000, batch_size=1024, n_embd=128, mlp_hidden=512, eval_interval=1000,
@@ -150,7 +151,16 @@ GPU = dict(FULL, steps=10000, batch_size=1024, n_embd=128, mlp_hidden=512, eval_
 # name -> what differs from the recipe: "batch", "steps" and "width" scale the recipe's words a step, steps
 # and LSTM width; "fixed_b32" is the fixed-length recipe (n = 16, 32 a step). The S5_ levers run on S5 (a
 # "group" change): a stricter threshold (the 14,400-entry table learned better before a third element is
-# composed), four times the steps (also for the other two arms: an "arm" change), and width.
+# composed), four times the steps (also for the other two arms: an "arm" change), and width. The S5_t2mlr_s2
+# levers run on test seed 2 ("seed"), where T²MLR's curriculum stalled at length 3 under four times the steps;
+# each changes one thing of that run:
+# - bptt: the gradient along the state chain R (recurrent_detach off, as the LSTM trains through time);
+# - plain_state: R_t = h_t (recurrent_residual off; the paper's S5 configs merge R_t = s·(h_t + R_{t-1}));
+# - lr1e-3: a third of the learning rate;
+# - start4: the curriculum from length 4 (positions 3 and 4 compose three and four elements from step 1);
+# - fixed: no curriculum (n = 16 from step 1: 14 such positions a word);
+# - b512: 512 words a step.
+# "model" changes T²MLR's config fields.
 LEVERS = {"recipe": {}, "fixed_b256": {"curriculum": None}, "fixed_b32": {"curriculum": None, "batch": 1 / 8},
           "curriculum_b32": {"batch": 1 / 8}, "curriculum_b512": {"batch": 2},
           "curriculum_lr1e-3": {"lr": 1e-3}, "curriculum_wide": {"width": 2}, "curriculum_steps4000": {"steps": 2},
@@ -158,7 +168,16 @@ LEVERS = {"recipe": {}, "fixed_b256": {"curriculum": None}, "fixed_b32": {"curri
           "S5_steps8000": {"group": "S5", "steps": 4},
           "S5_t2mlr_steps8000": {"group": "S5", "arm": "t2mlr", "steps": 4},
           "S5_transformer_steps8000": {"group": "S5", "arm": "transformer", "steps": 4},
-          "S5_wide_steps4000": {"group": "S5", "width": 2, "steps": 2}}
+          "S5_wide_steps4000": {"group": "S5", "width": 2, "steps": 2},
+          "S5_t2mlr_s2_bptt": {"group": "S5", "arm": "t2mlr", "steps": 4, "seed": 2,
+                               "model": {"recurrent_detach": False}},
+          "S5_t2mlr_s2_plain_state": {"group": "S5", "arm": "t2mlr", "steps": 4, "seed": 2,
+                                      "model": {"recurrent_residual": False}},
+          "S5_t2mlr_s2_lr1e-3": {"group": "S5", "arm": "t2mlr", "steps": 4, "seed": 2, "lr": 1e-3},
+          "S5_t2mlr_s2_start4": {"group": "S5", "arm": "t2mlr", "steps": 4, "seed": 2,
+                                 "curriculum": {"start": 4, "threshold": 0.3}},
+          "S5_t2mlr_s2_fixed": {"group": "S5", "arm": "t2mlr", "steps": 4, "seed": 2, "curriculum": None},
+          "S5_t2mlr_s2_b512": {"group": "S5", "arm": "t2mlr", "steps": 4, "seed": 2, "batch": 2}}
 
 ARMS = ("transformer", "t2mlr", "lstm")
 ARM_STYLE = {"transformer": ("C0", "-", 1.6), "t2mlr": ("C3", "-", 3.5), "lstm": ("C2", "--", 1.6)}  # T²MLR
@@ -176,7 +195,7 @@ DEPTH_ALIAS = {"base_K1": "vanilla_L3", "anchor_K1": "residual_K1"}
 DEPTH_TRAINED = {name: shape for name, shape in DEPTH_ARMS.items() if name not in DEPTH_ALIAS}
 DEPTH_ORDER = tuple(DEPTH_ARMS)
 # the arms MeSH − base is measured on, trained first on every seed (K = 8 after them: the costliest)
-PAIRED = {"vanilla_L3"} | {f"{p}_K{K}" for p in ("base", "mesh") for K in LOOPS if K < 8}
+PAIRED = {"vanilla_L3"} | {f"{p}_K{K}" for p in ("base", "mesh") for K in LOOPS}
 DEPTH_COLOR = {"vanilla": "black", "base": "C2", "residual": "C1", "anchor": "C4", "mesh": "C3"}
 DEPTH_LABEL = {"vanilla": "vanilla stack", "base": "base", "residual": "+residual", "anchor": "+anchor",
                "mesh": "+MeSH"}
@@ -241,23 +260,37 @@ def step_loss(model, x, y, train_mode):
 
 
 @torch.no_grad()
-def accuracy_by_position(model, table, n, examples, seed, batch=256, identity_start=False):
-    """Accuracy of argmax predictions at each position 1..n (a list of n floats) on `examples` fixed words
-    of length n (behind the identity with identity_start, its position not counted); T²MLR in eval mode
-    runs the exact recurrence."""
+def predictions(model, table, n, examples, seed, batch=256, identity_start=False):
+    """(argmax ids, targets), each (examples, n) long on the CPU, for `examples` fixed words of length n
+    (behind the identity with identity_start, its position dropped); T²MLR in eval mode runs the exact
+    recurrence."""
     was = model.training
     model.eval()
     device = next(model.parameters()).device
     words, states = make_batch(table, examples, n, seed)
     if identity_start:
         words, states = with_identity_start(words, states)
-    words, states = words.to(device), states.to(device)
-    right = torch.zeros(words.shape[1], device=device)
-    for i in range(0, examples, batch):
-        logits, _ = model(words[i:i + batch])
-        right += (logits.argmax(-1) == states[i:i + batch]).float().sum(0)
+    pred = torch.cat([model(words[i:i + batch].to(device))[0].argmax(-1).cpu() for i in range(0, examples, batch)])
     model.train(was)
-    return (right[1:] if identity_start else right).div(examples).cpu().tolist()
+    return (pred[:, 1:], states[:, 1:]) if identity_start else (pred, states)
+
+
+def accuracy_by_position(model, table, n, examples, seed, batch=256, identity_start=False):
+    """Accuracy of argmax predictions at each position 1..n (a list of n floats) on the words of
+    `predictions`."""
+    pred, states = predictions(model, table, n, examples, seed, batch, identity_start)
+    return (pred == states).float().mean(0).tolist()
+
+
+def odd_elements(group: str) -> torch.Tensor:
+    """(|G|,) bool: which element ids are odd permutations (none in A5)."""
+    return torch.tensor([parity(p) == 1 for p in group_elements(group)])
+
+
+def sign_accuracy(pred, states, odd) -> float:
+    """The fraction of predictions with the target's sign (both even or both odd): the accuracy of s_t's
+    image in G / A_n ≅ Z2. pred, states: ids of one shape; odd: odd_elements(group)."""
+    return (odd[pred] == odd[states]).float().mean().item()
 
 
 def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
@@ -276,7 +309,7 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     ckpt_dir = ckpt_dir or os.path.join(paths["ckpt"], spec["name"])
     ckpt_path = os.path.join(ckpt_dir, "ckpt.pt")
     cfg = TrainConfig(**spec["train"])
-    table = multiplication_table(spec["group"])
+    table, odd = multiplication_table(spec["group"]), odd_elements(spec["group"])
     identity_start = spec.get("identity_start", False)   # the depth arms' words begin with the identity
     torch.manual_seed(cfg.seed)
     model = build(spec["model"]).to(device)
@@ -295,8 +328,9 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     t0 = time.time() - state["seconds"]
     for step in range(start, cfg.max_iters + 1):
         if evaluation_due(cfg, step, evaluated=start):       # the curve's row, then the checkpoint
-            acc = accuracy_by_position(model, table, spec["test_n"], 128, PROBE_SEED,   # probe words, not the test's
+            pred, states = predictions(model, table, spec["test_n"], 128, PROBE_SEED,   # probe words, not the test's
                                        identity_start=identity_start)
+            acc = (pred == states).float().mean(0).tolist()
             state["seconds"] = time.time() - t0
             inside, past = acc[:spec["train_n"]], acc[spec["train_n"]:]
             row = {"step": step, "acc_in": sum(inside) / len(inside)}
@@ -305,8 +339,11 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
             if losses:
                 row["loss"] = sum(losses) / len(losses)
                 losses.clear()
-            if spec.get("curriculum"):
-                row["length"] = curriculum_length(state, spec.get("curriculum"), spec["train_n"])
+            if spec.get("curriculum"):                       # the newest position: its element, its sign
+                row["length"] = L = curriculum_length(state, spec.get("curriculum"), spec["train_n"])
+                row["acc_at_length"] = acc[L - 1]
+                if odd.any():
+                    row["sign_at_length"] = sign_accuracy(pred[:, L - 1], states[:, L - 1], odd)
             row |= {k: v for k, v in gate_values(model).items() if k == "theta_r"}
             state["curve"].append(row)
             log(f"  step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step")
@@ -409,18 +446,23 @@ def beyond(r, train_n):
 
 def lever_specs(size, train_mode="exact"):
     """The LSTM (or change["arm"]) on A5 (or change["group"]) under the recipe and under each lever changed
-    alone (LEVERS), one seed."""
+    alone (LEVERS, or those named in size["levers"]), one seed (change["seed"], else size["lever_seed"])."""
     specs = []
     for name, change in LEVERS.items():
+        if name not in size.get("levers", LEVERS):
+            continue
         group, arm = change.get("group", "A5"), change.get("arm", "lstm")
         model = matched_arms(size, group)[arm]
+        if "model" in change:
+            model = dict(model, config=model["config"] | change["model"])
         if "width" in change:
             model = dict(model, hidden=model["hidden"] * change["width"])
         changes = {k: v for k, v in change.items() if k == "curriculum"}
         changes |= {"batch_size": max(1, round(size["batch_size"] * change.get("batch", 1))),
                     "steps": size["steps"] * change.get("steps", 1)}
-        specs.append(spec_of(size, "lever", group, arm, size["lever_seed"], model, change.get("lr"), train_mode,
-                             tag=f"_{name}", **changes))
+        seed = change.get("seed", size["lever_seed"])
+        specs.append(spec_of(size, "lever", group, arm, seed, model, change.get("lr"), train_mode, tag=f"_{name}",
+                             **changes))
     return specs
 
 
@@ -598,7 +640,7 @@ def report(size, paths, command, extra):
            "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in size.items()},
            "finished_runs": {"levers": len(lever_runs), "main": len(main_runs), "depth": len(depth_runs),
                              "longer": len(longer_runs), "longer_expected": len(longer_specs(size, None)),
-                             "levers_expected": len(LEVERS), "main_expected": len(main_specs(size, None)),
+                             "levers_expected": len(lever_specs(size)), "main_expected": len(main_specs(size, None)),
                              "depth_expected": len(depth_specs(size))},
            **extra, "levers": levers, "results": results,
            "results_lstm_twice_the_steps": {g: aggregate([r for r in long_runs if r["spec"]["group"] == g], ("lstm",), train_n)
@@ -812,8 +854,8 @@ def run_locked(spec, paths, log, device):
 
 def run_study(size, paths, command, report_only=False, stages=STAGES, log=print, group=None):
     """The stages in order (each run skipped when finished; with `group`, that group's runs alone), the
-    report after each group. report_only: assemble what has finished, training nothing (the timing must
-    exist)."""
+    report after each group that trained a run, and at the end. report_only: assemble what has finished,
+    training nothing (the timing must exist)."""
     os.makedirs(paths["runs"], exist_ok=True)
     timing = timing_of(size, paths, measure=not report_only)
     s = timing["seconds_per_step"]
@@ -825,11 +867,14 @@ def run_study(size, paths, command, report_only=False, stages=STAGES, log=print,
         for stage in stages:
             specs = [spec for spec in stage_specs(size, stage, timing["chosen_train_mode"])
                      if group in (None, spec["group"])]
+            trained = False                                      # a run of this group trained here
             for i, spec in enumerate(specs):
                 log(f"[{stage} {i + 1}/{len(specs)}, {(time.time() - t_start) / 60:.1f} min]")
+                trained |= not os.path.exists(os.path.join(paths["runs"], spec["name"] + ".json"))
                 run_locked(spec, paths, log, size.get("device", "cpu"))
-                if i + 1 == len(specs) or spec["group"] != specs[i + 1]["group"]:
+                if trained and (i + 1 == len(specs) or spec["group"] != specs[i + 1]["group"]):
                     report(size, paths, command, extra)          # the figures after every group
+                    trained = False
     return report(size, paths, command, extra)
 
 

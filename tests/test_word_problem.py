@@ -204,7 +204,8 @@ def test_quick_study_runs_end_to_end_and_a_relaunch_trains_nothing(tmp_path):
     assert doc["command"] == f"OMP_NUM_THREADS=1 python -m studies.word_problem --quick --root={tmp_path}"
     assert doc["timing"]["chosen_train_mode"] in ("exact", "jacobi")
     assert set(doc["timing"]["seconds_per_step"]) == {"exact", "jacobi_D16_b15", "jacobi_D16_b4"}
-    assert set(doc["levers"]) == set(wp.LEVERS)                          # the recipe's levers, one run each
+    assert set(doc["levers"]) == set(wp.QUICK["levers"])                 # the levers named, one run each
+    assert doc["finished_runs"]["levers_expected"] == 4 and len(wp.lever_specs(wp.FULL)) == len(wp.LEVERS)
     for arm in wp.ARMS:
         r = doc["results"]["S3"][arm]
         assert len(r["mean"]) == 64 and len(r["seeds"]) == 2
@@ -215,6 +216,7 @@ def test_quick_study_runs_end_to_end_and_a_relaunch_trains_nothing(tmp_path):
     steps = wp.LONGER * wp.QUICK["steps"]
     assert run["steps"] == steps and len(run["curve"]) == steps // wp.QUICK["eval_interval"]
     assert all(0 <= row["acc_beyond"] <= 1 for row in run["curve"])   # the probe past the training length
+    assert all(0 <= row["acc_at_length"] <= row["sign_at_length"] <= 1 for row in run["curve"])   # S3: signs
     assert longer["t2mlr"]["curves"] == [run["curve"]]                  # the curves figure's rows
     assert set(doc["depth"]["S3"]) == set(wp.DEPTH_ORDER)
     assert all(len(r["mean"]) == 16 for r in doc["depth"]["S3"].values())
@@ -244,6 +246,18 @@ def test_the_curriculum_extends_the_length_once_the_loss_mean_falls_below_the_th
     assert list(state["lengths"]) == ["3", "4", "5"]
     assert state["lengths"]["4"] == state["lengths"]["3"] + 1        # 0.2 < 0.3: one step per new length
     assert wp.curriculum_length({}, None, 16) == 16
+
+
+def test_the_sign_accuracy_is_right_for_a_coset_mate_and_wrong_across_cosets():
+    assert [int(wp.odd_elements(g).sum()) for g in ("Z2", "S3", "A5", "S5")] == [1, 3, 0, 60]
+    table, odd = wp.multiplication_table("S5"), wp.odd_elements("S5")
+    words, states = wp.make_batch(table, 64, 5, seed=3)
+    even, swap = wp.group_elements("S5").index((1, 2, 0, 3, 4)), wp.group_elements("S5").index((1, 0, 2, 3, 4))
+    wrong_even, wrong_odd = table[states, even], table[states, swap]      # s·(a 3-cycle), s·(a transposition)
+    assert not (wrong_even == states).any() and not (wrong_odd == states).any()
+    assert wp.sign_accuracy(wrong_even, states, odd) == 1.0 and wp.sign_accuracy(wrong_odd, states, odd) == 0.0
+    half = torch.where(torch.arange(64)[:, None] < 16, wrong_odd, states)  # a quarter with the wrong sign
+    assert wp.sign_accuracy(half, states, odd) == 0.75
 
 
 def test_the_frontier_is_the_last_position_at_or_above_the_level():
@@ -281,6 +295,25 @@ def test_a_stage_with_a_group_trains_that_groups_runs_alone(tmp_path, monkeypatc
     wp.run_study(wp.FULL, paths, "cmd", stages=("longer", "depth"), log=lambda _: None, group="S5")
     assert trained == [s["name"] for s in wp.longer_specs(wp.FULL, "exact")]        # S5 has no depth runs
     assert wp.parse_args(["--stage", "depth", "--group", "A5"]).group == "A5"   # not a one-run command
+
+
+def test_the_seed_levers_change_the_longer_runs_spec_in_the_named_field_alone():
+    levers = {wp.lever_name(s): s for s in wp.lever_specs(wp.FULL)}
+    longer = {s["seed"]: s for s in wp.longer_specs(wp.FULL, "exact") if s["arm"] == "t2mlr"}
+    plain = lambda s: {k: v for k, v in s.items() if k not in ("name", "stage")}
+    changed = {"S5_t2mlr_s2_bptt": ("recurrent_detach", False),
+               "S5_t2mlr_s2_plain_state": ("recurrent_residual", False)}
+    for name, (field, value) in changed.items():
+        spec = levers[name]
+        assert spec["name"] == f"lever_S5_t2mlr_{name}_s2" and spec["model"]["config"][field] is value
+        base = longer[2]
+        assert base["model"]["config"][field] is not value
+        config = base["model"]["config"] | {field: value}
+        assert plain(spec) == plain(base | {"model": dict(base["model"], config=config)})
+    lr = levers["S5_t2mlr_s2_lr1e-3"]
+    assert lr["train"]["learning_rate"] == 1e-3 and lr["train"]["min_lr"] == 1e-5 and lr["seed"] == 2
+    assert lr["model"] == longer[2]["model"] and lr["train"]["max_iters"] == longer[2]["train"]["max_iters"]
+    assert levers["recipe"]["seed"] == wp.FULL["lever_seed"]                    # the others: the lever seed
 
 
 def test_a_report_of_the_committed_study_writes_outside_the_tracked_files():
