@@ -293,6 +293,11 @@ def sign_accuracy(pred, states, odd) -> float:
     return (odd[pred] == odd[states]).float().mean().item()
 
 
+def run_json(paths, spec) -> str:
+    """Where the study keeps run `spec`'s results: paths["runs"]/<name>.json."""
+    return os.path.join(paths["runs"], spec["name"] + ".json")
+
+
 def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     """Train and evaluate the run `spec` (a dict: name, group, seed, model, train, train_mode, train_n,
     test_n, test_examples, curriculum), or return its finished results. Resumable: a finished run (its
@@ -300,7 +305,7 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     checkpoint (ckpt_dir or paths["ckpt"]/<name>). A JSON or checkpoint made with another spec is refused
     (RunError). With spec["curriculum"] the batch of each step is the first `length` positions of the same
     words (curriculum_length: positions 1..length), so every arm sees the same words."""
-    out_json = out_json or os.path.join(paths["runs"], spec["name"] + ".json")
+    out_json = out_json or run_json(paths, spec)
     if os.path.exists(out_json):
         done = read_json(out_json)
         if done["spec"] != spec:
@@ -640,7 +645,7 @@ def report(size, paths, command, extra):
            "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in size.items()},
            "finished_runs": {"levers": len(lever_runs), "main": len(main_runs), "depth": len(depth_runs),
                              "longer": len(longer_runs), "longer_expected": len(longer_specs(size, None)),
-                             "levers_expected": len(lever_specs(size)), "main_expected": len(main_specs(size, None)),
+                             "levers_expected": len(size.get("levers", LEVERS)), "main_expected": len(main_specs(size, None)),
                              "depth_expected": len(depth_specs(size))},
            **extra, "levers": levers, "results": results,
            "results_lstm_twice_the_steps": {g: aggregate([r for r in long_runs if r["spec"]["group"] == g], ("lstm",), train_n)
@@ -870,7 +875,7 @@ def run_study(size, paths, command, report_only=False, stages=STAGES, log=print,
             trained = False                                      # a run of this group trained here
             for i, spec in enumerate(specs):
                 log(f"[{stage} {i + 1}/{len(specs)}, {(time.time() - t_start) / 60:.1f} min]")
-                trained |= not os.path.exists(os.path.join(paths["runs"], spec["name"] + ".json"))
+                trained |= not os.path.exists(run_json(paths, spec))
                 run_locked(spec, paths, log, size.get("device", "cpu"))
                 if trained and (i + 1 == len(specs) or spec["group"] != specs[i + 1]["group"]):
                     report(size, paths, command, extra)          # the figures after every group

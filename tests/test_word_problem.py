@@ -303,10 +303,10 @@ def test_the_seed_levers_change_the_longer_runs_spec_in_the_named_field_alone():
     plain = lambda s: {k: v for k, v in s.items() if k not in ("name", "stage")}
     changed = {"S5_t2mlr_s2_bptt": ("recurrent_detach", False),
                "S5_t2mlr_s2_plain_state": ("recurrent_residual", False)}
+    base = longer[2]
     for name, (field, value) in changed.items():
         spec = levers[name]
         assert spec["name"] == f"lever_S5_t2mlr_{name}_s2" and spec["model"]["config"][field] is value
-        base = longer[2]
         assert base["model"]["config"][field] is not value
         config = base["model"]["config"] | {field: value}
         assert plain(spec) == plain(base | {"model": dict(base["model"], config=config)})
