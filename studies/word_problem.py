@@ -159,8 +159,11 @@ GPU = dict(FULL, steps=10000, batch_size=1024, n_embd=128, mlp_hidden=512, eval_
 # - lr1e-3: a third of the learning rate;
 # - start4: the curriculum from length 4 (positions 3 and 4 compose three and four elements from step 1);
 # - fixed: no curriculum (n = 16 from step 1: 14 such positions a word);
-# - b512: 512 words a step.
+# - b512: 512 words a step;
+# - steps16000: twice the steps again (8x the recipe's; the plateau ended late under 4x), then on the
+#   other two test seeds (s0, s1), so that 8x is measured on all three.
 # "model" changes T²MLR's config fields.
+LONGEST = 8          # the steps of T²MLR's S5 levers on the three test seeds, as a multiple of the recipe's
 LEVERS = {"recipe": {}, "fixed_b256": {"curriculum": None}, "fixed_b32": {"curriculum": None, "batch": 1 / 8},
           "curriculum_b32": {"batch": 1 / 8}, "curriculum_b512": {"batch": 2},
           "curriculum_lr1e-3": {"lr": 1e-3}, "curriculum_wide": {"width": 2}, "curriculum_steps4000": {"steps": 2},
@@ -177,7 +180,9 @@ LEVERS = {"recipe": {}, "fixed_b256": {"curriculum": None}, "fixed_b32": {"curri
           "S5_t2mlr_s2_start4": {"group": "S5", "arm": "t2mlr", "steps": 4, "seed": 2,
                                  "curriculum": {"start": 4, "threshold": 0.3}},
           "S5_t2mlr_s2_fixed": {"group": "S5", "arm": "t2mlr", "steps": 4, "seed": 2, "curriculum": None},
-          "S5_t2mlr_s2_b512": {"group": "S5", "arm": "t2mlr", "steps": 4, "seed": 2, "batch": 2}}
+          "S5_t2mlr_s2_b512": {"group": "S5", "arm": "t2mlr", "steps": 4, "seed": 2, "batch": 2},
+          **{f"S5_t2mlr_s{seed}_steps16000": {"group": "S5", "arm": "t2mlr", "steps": LONGEST, "seed": seed}
+             for seed in (2, 0, 1)}}
 
 ARMS = ("transformer", "t2mlr", "lstm")
 ARM_STYLE = {"transformer": ("C0", "-", 1.6), "t2mlr": ("C3", "-", 3.5), "lstm": ("C2", "--", 1.6)}  # T²MLR
@@ -615,6 +620,12 @@ def fixed_length_results(size, groups):
     return {g: results[g] for g in groups if results.get(g)}
 
 
+def longest_runs(size, lever_runs):
+    """The T²MLR S5 levers at LONGEST times the recipe's steps on the test seeds: that recipe's 3-seed result."""
+    return [r for r in lever_runs if r["spec"]["group"] == "S5" and r["spec"]["arm"] == "t2mlr"
+            and r["steps"] == LONGEST * size["steps"] and r["spec"]["seed"] in size["seeds"]]
+
+
 def report(size, paths, command, extra):
     """Assemble the JSON and the figures from the per-run results finished so far."""
     train_n = size["train_n"]
@@ -652,6 +663,8 @@ def report(size, paths, command, extra):
                                             for g in ("A5", "S5")},
            "results_four_times_the_steps": {size["longer_group"]: with_curves(aggregate(longer_runs, ARMS, train_n),
                                                                                 longer_runs)},
+           "results_t2mlr_eight_times_the_steps": {"S5": aggregate(longest_runs(size, lever_runs), ("t2mlr",),
+                                                                   train_n)},
            "depth": depth, "depth_summary": depth_summary(depth),
            "fixed_length": fixed_length_results(size, [g for g in GROUPS if not results.get(g)])}
     write_json(paths["json"], doc)
@@ -714,6 +727,9 @@ def plot_groups(doc, paths):
         longer = doc.get("results_four_times_the_steps", {}).get(g, {})
         for arm, r in longer.items():                     # every arm at four times the steps, dotted
             _band(ax, r, f"{ARM_LABEL[arm]}, {LONGER * steps:,} steps ({seeds_label(r)})", ARM_STYLE[arm][0], ":",
+                  2.2)
+        for arm, r in doc.get("results_t2mlr_eight_times_the_steps", {}).get(g, {}).items():   # dash-dotted
+            _band(ax, r, f"{ARM_LABEL[arm]}, {LONGEST * steps:,} steps ({seeds_label(r)})", ARM_STYLE[arm][0], "-.",
                   2.2)
         for name, r in doc.get("levers", {}).items():   # S5 levers at 4x the steps (one seed) not yet run on seeds
             if (g == "S5" and r.get("group") == g and r.get("steps") == LONGER * steps
@@ -900,6 +916,8 @@ def markdown_summary(doc) -> str:
              if r]
     rows += [(g, f"{ARM_LABEL[arm]}, four times the steps", r)
              for g, arms in doc.get("results_four_times_the_steps", {}).items() for arm, r in arms.items()]
+    rows += [(g, f"{ARM_LABEL[arm]}, eight times the steps", r)
+             for g, arms in doc.get("results_t2mlr_eight_times_the_steps", {}).items() for arm, r in arms.items()]
     for g, label, r in rows:
         s = r["summary"]
         lines.append(f"| {g} | {label} | {r['params'][0]:,} | {len(r['seeds'])} | "
