@@ -161,9 +161,10 @@ GPU = dict(FULL, steps=10000, batch_size=1024, n_embd=128, mlp_hidden=512, eval_
 # - fixed: no curriculum (n = 16 from step 1: 14 such positions a word);
 # - b512: 512 words a step;
 # - steps16000: twice the steps again (8x the recipe's; the plateau ended late under 4x), then on the
-#   other two test seeds (s0, s1), so that 8x is measured on all three.
+#   other two test seeds (s0, s1), so that 8x is measured on all three; the S5_transformer levers give
+#   the transformer the same 8x on the same seeds.
 # "model" changes T²MLR's config fields.
-LONGEST = 8          # the steps of T²MLR's S5 levers on the three test seeds, as a multiple of the recipe's
+LONGEST = 8          # the steps of the S5 levers on the three test seeds, as a multiple of the recipe's
 LEVERS = {"recipe": {}, "fixed_b256": {"curriculum": None}, "fixed_b32": {"curriculum": None, "batch": 1 / 8},
           "curriculum_b32": {"batch": 1 / 8}, "curriculum_b512": {"batch": 2},
           "curriculum_lr1e-3": {"lr": 1e-3}, "curriculum_wide": {"width": 2}, "curriculum_steps4000": {"steps": 2},
@@ -182,7 +183,9 @@ LEVERS = {"recipe": {}, "fixed_b256": {"curriculum": None}, "fixed_b32": {"curri
           "S5_t2mlr_s2_fixed": {"group": "S5", "arm": "t2mlr", "steps": 4, "seed": 2, "curriculum": None},
           "S5_t2mlr_s2_b512": {"group": "S5", "arm": "t2mlr", "steps": 4, "seed": 2, "batch": 2},
           **{f"S5_t2mlr_s{seed}_steps16000": {"group": "S5", "arm": "t2mlr", "steps": LONGEST, "seed": seed}
-             for seed in (2, 0, 1)}}
+             for seed in (2, 0, 1)},
+          **{f"S5_transformer_s{seed}_steps16000": {"group": "S5", "arm": "transformer", "steps": LONGEST,
+                                                    "seed": seed} for seed in (0, 1, 2)}}
 
 ARMS = ("transformer", "t2mlr", "lstm")
 ARM_STYLE = {"transformer": ("C0", "-", 1.6), "t2mlr": ("C3", "-", 3.5), "lstm": ("C2", "--", 1.6)}  # T²MLR
@@ -621,8 +624,9 @@ def fixed_length_results(size, groups):
 
 
 def longest_runs(size, lever_runs):
-    """The T²MLR S5 levers at LONGEST times the recipe's steps on the test seeds: that recipe's 3-seed result."""
-    return [r for r in lever_runs if r["spec"]["group"] == "S5" and r["spec"]["arm"] == "t2mlr"
+    """The S5 levers at LONGEST times the recipe's steps on the test seeds (every arm so run): that recipe's
+    3-seed results."""
+    return [r for r in lever_runs if r["spec"]["group"] == "S5"
             and r["steps"] == LONGEST * size["steps"] and r["spec"]["seed"] in size["seeds"]]
 
 
@@ -663,8 +667,7 @@ def report(size, paths, command, extra):
                                             for g in ("A5", "S5")},
            "results_four_times_the_steps": {size["longer_group"]: with_curves(aggregate(longer_runs, ARMS, train_n),
                                                                                 longer_runs)},
-           "results_t2mlr_eight_times_the_steps": {"S5": aggregate(longest_runs(size, lever_runs), ("t2mlr",),
-                                                                   train_n)},
+           "results_eight_times_the_steps": {"S5": aggregate(longest_runs(size, lever_runs), ARMS, train_n)},
            "depth": depth, "depth_summary": depth_summary(depth),
            "fixed_length": fixed_length_results(size, [g for g in GROUPS if not results.get(g)])}
     write_json(paths["json"], doc)
@@ -728,7 +731,7 @@ def plot_groups(doc, paths):
         for arm, r in longer.items():                     # every arm at four times the steps, dotted
             _band(ax, r, f"{ARM_LABEL[arm]}, {LONGER * steps:,} steps ({seeds_label(r)})", ARM_STYLE[arm][0], ":",
                   2.2)
-        for arm, r in doc.get("results_t2mlr_eight_times_the_steps", {}).get(g, {}).items():   # dash-dotted
+        for arm, r in doc.get("results_eight_times_the_steps", {}).get(g, {}).items():   # dash-dotted
             _band(ax, r, f"{ARM_LABEL[arm]}, {LONGEST * steps:,} steps ({seeds_label(r)})", ARM_STYLE[arm][0], "-.",
                   2.2)
         for name, r in doc.get("levers", {}).items():   # S5 levers at 4x the steps (one seed) not yet run on seeds
@@ -917,7 +920,7 @@ def markdown_summary(doc) -> str:
     rows += [(g, f"{ARM_LABEL[arm]}, four times the steps", r)
              for g, arms in doc.get("results_four_times_the_steps", {}).items() for arm, r in arms.items()]
     rows += [(g, f"{ARM_LABEL[arm]}, eight times the steps", r)
-             for g, arms in doc.get("results_t2mlr_eight_times_the_steps", {}).items() for arm, r in arms.items()]
+             for g, arms in doc.get("results_eight_times_the_steps", {}).items() for arm, r in arms.items()]
     for g, label, r in rows:
         s = r["summary"]
         lines.append(f"| {g} | {label} | {r['params'][0]:,} | {len(r['seeds'])} | "

@@ -313,23 +313,35 @@ def test_the_seed_levers_change_the_longer_runs_spec_in_the_named_field_alone():
     lr = levers["S5_t2mlr_s2_lr1e-3"]
     assert lr["train"]["learning_rate"] == 1e-3 and lr["train"]["min_lr"] == 1e-5 and lr["seed"] == 2
     assert lr["model"] == longer[2]["model"] and lr["train"]["max_iters"] == longer[2]["train"]["max_iters"]
-    steps = levers["S5_t2mlr_s2_steps16000"]                                # twice the longer run's steps
-    assert steps["train"]["max_iters"] == 2 * base["train"]["max_iters"] == 16000
-    assert steps["train"]["warmup_iters"] == 800 and steps["model"] == base["model"] and steps["seed"] == 2
-    assert {k: v for k, v in plain(steps).items() if k != "train"} == \
-        {k: v for k, v in plain(base).items() if k != "train"}
     assert levers["recipe"]["seed"] == wp.FULL["lever_seed"]                    # the others: the lever seed
 
 
-def test_the_eight_times_result_takes_the_t2mlr_s5_levers_at_8x_on_the_test_seeds_alone():
+def test_the_eight_times_levers_are_the_longer_runs_with_twice_the_steps_for_both_arms():
+    levers = {wp.lever_name(s): s for s in wp.lever_specs(wp.FULL)}
+    longer = {(s["arm"], s["seed"]): s for s in wp.longer_specs(wp.FULL, "exact")}
+    but_train = lambda s: {k: v for k, v in s.items() if k not in ("name", "stage", "train")}
+    for arm in ("t2mlr", "transformer"):
+        for seed in wp.FULL["seeds"]:
+            spec, base = levers[f"S5_{arm}_s{seed}_steps16000"], longer[(arm, seed)]
+            assert spec["train"]["max_iters"] == 2 * base["train"]["max_iters"] == 16000
+            assert spec["train"] == base["train"] | {"max_iters": 16000, "warmup_iters": 800}
+            assert but_train(spec) == but_train(base) and spec["seed"] == seed
+
+
+def test_the_eight_times_result_takes_the_s5_levers_at_8x_on_the_test_seeds_alone():
     specs = {wp.lever_name(s): s for s in wp.lever_specs(wp.FULL)}
     run = lambda name, steps: {"spec": specs[name], "steps": steps}
-    at8 = [run(f"S5_t2mlr_s{seed}_steps16000", 16000) for seed in (0, 1, 2)]
-    others = [run("S5_t2mlr_steps8000", 8000), run("S5_t2mlr_s2_bptt", 8000), run("S5_steps8000", 8000)]
+    at8 = [run(f"S5_{arm}_s{seed}_steps16000", 16000) for arm in ("t2mlr", "transformer") for seed in (0, 1, 2)]
+    others = [run("S5_t2mlr_steps8000", 8000), run("S5_t2mlr_s2_bptt", 8000), run("S5_steps8000", 8000),
+              run("S5_transformer_steps8000", 8000)]
     chosen = wp.longest_runs(wp.FULL, others + at8)
-    assert chosen == at8 and sorted(r["spec"]["seed"] for r in chosen) == list(wp.FULL["seeds"])
+    assert chosen == at8
     outside = dict(specs["S5_t2mlr_s0_steps16000"], seed=100)                    # a lever seed at 8x: not counted
     assert wp.longest_runs(wp.FULL, [{"spec": outside, "steps": 16000}]) == []
+    fake = lambda r, acc: dict(r, params=1, train_seconds=1.0, final_loss=0.0, acc_by_position=[acc] * 64)
+    agg = wp.aggregate([fake(r, 1.0 if r["spec"]["arm"] == "t2mlr" else 0.5) for r in chosen], wp.ARMS, 16)
+    assert sorted(agg) == ["t2mlr", "transformer"] and agg["transformer"]["seeds"] == [0, 1, 2]
+    assert agg["t2mlr"]["frontier"] == [64] * 3 and agg["transformer"]["frontier"] == [0] * 3
 
 
 def test_a_report_of_the_committed_study_writes_outside_the_tracked_files():
