@@ -6,6 +6,7 @@ LSTM's parameter matching, and a one-minute training run that lowers the loss.
 Run: python -m pytest -q tests/test_s5.py
 """
 
+import dataclasses
 import json
 import random
 import re
@@ -216,6 +217,23 @@ def test_configs_are_parameter_matched(prefix, width):
     assert abs(counts["lstm"] - counts["t2mlr"]) / counts["t2mlr"] < 0.05, counts
     # the gate, nothing else
     assert counts["t2mlr"] - counts["transformer"] == 5 * width ** 2 + 2 * width + 2
+
+
+@pytest.mark.parametrize("arm", ["t2mlr", "transformer", "lstm"])
+def test_the_curriculum_overlay_changes_the_schedule_alone_and_keeps_the_papers_examples(arm):
+    """config/s5_curriculum.py after a paper config: the same model, task lengths and training mode; the
+    curriculum from one action; batch x steps = the paper's 400,000 x 16 examples."""
+    from configurator import load_config
+    from model import GPTConfig
+    from train import TrainConfig
+    load = lambda *files: load_config(list(files), GPTConfig, TrainConfig, S5Config)[0]
+    (model, cfg, s5), (model_c, cfg_c, s5_c) = load(f"config/s5_{arm}.py"), load(f"config/s5_{arm}.py",
+                                                                                  "config/s5_curriculum.py")
+    assert model_c == model and cfg_c.train_mode == cfg.train_mode and s5.curriculum() is None
+    assert s5_c.curriculum() == {"start": 1, "threshold": 0.05}
+    assert dataclasses.replace(s5_c, curriculum_start=0, curriculum_threshold=0.3) == s5
+    assert cfg_c.batch_size * cfg_c.max_iters == cfg.batch_size * cfg.max_iters == 16 * 400_000
+    assert cfg_c.warmup_iters == cfg_c.max_iters // 20 and cfg_c.batch_size == 256
 
 
 def test_quick_run_lowers_the_training_loss(tmp_path):
