@@ -36,6 +36,7 @@ support/loop.py's, as for the S5 study.
 """
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -50,7 +51,7 @@ from studies.common import (LSTMLM, advance_curriculum, curriculum_length, gate_
                             read_json, write_json)
 from studies.reproduce.stats import mean_std, paired_stats, t_quantile
 from support.checkpoints import rng_states
-from support.loop import evaluation_due, make_trainer, optimizer_step, save_state
+from support.loop import evaluation_due, get_lr, make_trainer, optimizer_step, save_state
 from support.runtime import RunError
 from train import TrainConfig
 
@@ -142,7 +143,8 @@ QUICK = dict(FULL, steps=12, batch_size=8, test_examples=32, seeds=(0, 1), group
              long_groups=("S3",), depth_seeds=(0,), longer_group="S3", longer_seeds=(0,),
              depth_groups=("S3",), n_embd=32, mlp_hidden=64, eval_interval=6, timing_steps=1,
              curriculum={"start": 2, "threshold": 3.0}, depth_recipe={},
-             levers=("recipe", "fixed_b256", "S5_t2mlr_steps8000", "S5_t2mlr_s2_plain_state"))  # one of each kind
+             levers=("recipe", "fixed_b256", "S5_t2mlr_steps8000", "S5_t2mlr_s2_plain_state",   # one of each kind
+                     "S5_t2mlr_s0_anneal4000"))
 # A GPU config: wider models, 4x the steps and the batch. Not run here (no GPU was lent to this study);
 # python -m studies.word_problem --gpu
 GPU = dict(FULL, steps=10000, batch_size=1024, n_embd=128, mlp_hidden=512, eval_interval=1000,
@@ -162,9 +164,14 @@ GPU = dict(FULL, steps=10000, batch_size=1024, n_embd=128, mlp_hidden=512, eval_
 # - b512: 512 words a step;
 # - steps16000: twice the steps again (8x the recipe's; the plateau ended late under 4x), then on the
 #   other two test seeds (s0, s1), so that 8x is measured on all three; the S5_transformer levers give
-#   the transformer the same 8x on the same seeds.
+#   the transformer the same 8x on the same seeds;
+# - anneal4000 (S5_<arm>_s<seed>_anneal4000, every arm on the test seeds): the 8x runs with the annealed
+#   schedule (annealed_lr): the peak LR held until the curriculum reaches 16, then 4,000 steps of cosine, and
+#   the run ends there (at most 8x). Under the cosine the accuracy past 16 climbed only as the
+#   LR annealed, thousands of steps after the curriculum was complete.
 # "model" changes T²MLR's config fields.
 LONGEST = 8          # the steps of the S5 levers on the three test seeds, as a multiple of the recipe's
+ANNEAL = 4000        # the anneal levers' decay, in steps, once the curriculum is complete (at most LONGEST x)
 LEVERS = {"recipe": {}, "fixed_b256": {"curriculum": None}, "fixed_b32": {"curriculum": None, "batch": 1 / 8},
           "curriculum_b32": {"batch": 1 / 8}, "curriculum_b512": {"batch": 2},
           "curriculum_lr1e-3": {"lr": 1e-3}, "curriculum_wide": {"width": 2}, "curriculum_steps4000": {"steps": 2},
@@ -185,7 +192,10 @@ LEVERS = {"recipe": {}, "fixed_b256": {"curriculum": None}, "fixed_b32": {"curri
           **{f"S5_t2mlr_s{seed}_steps16000": {"group": "S5", "arm": "t2mlr", "steps": LONGEST, "seed": seed}
              for seed in (2, 0, 1)},
           **{f"S5_transformer_s{seed}_steps16000": {"group": "S5", "arm": "transformer", "steps": LONGEST,
-                                                    "seed": seed} for seed in (0, 1, 2)}}
+                                                    "seed": seed} for seed in (0, 1, 2)},
+          **{f"S5_{arm}_s{seed}_anneal{ANNEAL}": {"group": "S5", "arm": arm, "steps": LONGEST, "seed": seed,
+                                                 "anneal": ANNEAL} for arm in ("t2mlr", "transformer", "lstm")
+             for seed in (2, 0, 1)}}
 
 ARMS = ("transformer", "t2mlr", "lstm")
 ARM_STYLE = {"transformer": ("C0", "-", 1.6), "t2mlr": ("C3", "-", 3.5), "lstm": ("C2", "--", 1.6)}  # T²MLR
@@ -260,6 +270,33 @@ def build(model_spec):
 # -----------------------------------------------------------------------------
 # One run: train through support/loop.py, then accuracy at every position of the test set
 
+def annealed_lr(step, cfg, anneal_start, anneal_steps):
+    """The LR of step `step` under the annealed schedule: cfg's linear warmup, then cfg.learning_rate held
+    until step `anneal_start` (None: not yet begun), then a cosine down to cfg.min_lr at step anneal_start +
+    anneal_steps - 1: a warmup-stable-decay schedule (Hägele et al. 2024, "Scaling Laws and Compute-Optimal
+    Training Beyond Fixed Training Durations")."""
+    if anneal_start is None or step < anneal_start:
+        return get_lr(min(step, cfg.warmup_iters), cfg)           # warmup, then the peak held
+    decay = dataclasses.replace(cfg, warmup_iters=0, max_iters=anneal_steps, lr_decay_iters=None)
+    return get_lr(step - anneal_start, decay)
+
+
+def anneal_begins(state, spec, cfg, step) -> bool:
+    """Whether the annealed schedule's decay begins at step `step`: once the curriculum has reached the
+    training length, or when only spec["anneal"]["steps"] steps are left before cfg.max_iters; never
+    inside the warmup."""
+    full = curriculum_length(state, spec.get("curriculum"), spec["train_n"]) >= spec["train_n"]
+    return (full or step >= cfg.max_iters - spec["anneal"]["steps"]) and step >= cfg.warmup_iters
+
+
+def run_end(state, spec, cfg) -> int:
+    """The step a run stops at: cfg.max_iters, or with spec["anneal"] the end of its decay once begun (at most
+    cfg.max_iters: a decay longer than the run is cut there)."""
+    if spec.get("anneal") and state.get("anneal_start") is not None:
+        return min(cfg.max_iters, state["anneal_start"] + spec["anneal"]["steps"])
+    return cfg.max_iters
+
+
 def step_loss(model, x, y, train_mode):
     """The training loss; T²MLR with train_mode "exact" runs token by token with autograd."""
     if getattr(model, "gate", None) is not None:
@@ -312,7 +349,9 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     JSON, out_json or paths["runs"]/<name>.json) is returned as is; an unfinished one continues from its
     checkpoint (ckpt_dir or paths["ckpt"]/<name>). A JSON or checkpoint made with another spec is refused
     (RunError). With spec["curriculum"] the batch of each step is the first `length` positions of the same
-    words (curriculum_length: positions 1..length), so every arm sees the same words."""
+    words (curriculum_length: positions 1..length), so every arm sees the same words. With spec["anneal"]
+    ({"steps": D}) the LR follows annealed_lr: held at its peak until the curriculum reaches the training
+    length (anneal_begins), then D steps of cosine, and the run ends there (at most cfg.max_iters)."""
     out_json = out_json or run_json(paths, spec)
     if os.path.exists(out_json):
         done = read_json(out_json)
@@ -340,7 +379,9 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     model.train()
     t0 = time.time() - state["seconds"]
     for step in range(start, cfg.max_iters + 1):
-        if evaluation_due(cfg, step, evaluated=start):       # the curve's row, then the checkpoint
+        end = run_end(state, spec, cfg)                      # cfg.max_iters, or the end of the anneal
+        if evaluation_due(dataclasses.replace(cfg, max_iters=end), step, evaluated=start):   # the curve's
+            # row, then the checkpoint
             pred, states = predictions(model, table, spec["test_n"], 128, PROBE_SEED,   # probe words, not the test's
                                        identity_start=identity_start)
             acc = (pred == states).float().mean(0).tolist()
@@ -362,25 +403,31 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
             log(f"  step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step")
                 + f", {state['seconds']:.0f} s")
             save_state(trainer, step, [rng_states()], spec=json.dumps(spec), state=json.dumps(state))
-        if step == cfg.max_iters:
+        if step == end:
             break
+        if spec.get("anneal") and state.get("anneal_start") is None and anneal_begins(state, spec, cfg, step):
+            state["anneal_start"] = step
+        lr = annealed_lr(step, cfg, state.get("anneal_start"), spec["anneal"]["steps"]) \
+            if spec.get("anneal") else None                     # None: train.py's cosine (get_lr)
         n = curriculum_length(state, spec.get("curriculum"), spec["train_n"])   # the words' first n positions
         x, y = (t[:, :n] for t in
                 make_batch(table, cfg.batch_size, spec["train_n"], batch_seed(spec["group"], cfg.seed, step)))
         x, y = (t.to(device) for t in (with_identity_start(x, y) if identity_start else (x, y)))
-        loss, _, _ = optimizer_step(trainer, step, 1, lambda m, _: step_loss(m, x, y, spec["train_mode"]))
+        loss, _, _ = optimizer_step(trainer, step, 1, lambda m, _: step_loss(m, x, y, spec["train_mode"]), lr=lr)
         losses.append(loss.item())
         state["steps_done"] = step + 1
         advance_curriculum(state, spec.get("curriculum"), spec["train_n"], losses[-1])
     acc = accuracy_by_position(model, table, spec["test_n"], spec["test_examples"], TEST_SEED,
                                identity_start=identity_start)
-    results = {"spec": spec, "params": n_params, "train_seconds": state["seconds"], "steps": cfg.max_iters,
+    results = {"spec": spec, "params": n_params, "train_seconds": state["seconds"], "steps": end,
                "acc_by_position": acc, "curve": state["curve"],
                "final_loss": next((r["loss"] for r in reversed(state["curve"]) if "loss" in r), None)}
     results["recipe"] = {"train": spec["train"], "curriculum": spec.get("curriculum"),
                          "train_mode": spec["train_mode"], "model": spec["model"]}
     if spec.get("curriculum"):
         results["curriculum_lengths"] = state.get("lengths", {})
+    if spec.get("anneal"):
+        results["anneal_start"] = state.get("anneal_start")
     write_json(out_json, results | gate_values(model))
     return results | gate_values(model)
 
@@ -434,17 +481,18 @@ def train_spec(lr, seed, steps, batch_size, eval_interval) -> dict:
                 eval_interval=min(eval_interval, steps), batch_size=batch_size, seed=seed)
 
 
-def spec_of(size, stage, group, arm, seed, model, lr, train_mode, steps=None, tag="", **changes):
+def spec_of(size, stage, group, arm, seed, model, lr, train_mode, steps=None, tag="", anneal=None, **changes):
     """One run of the recipe `size` (lr and steps None: the recipe's); `changes` (batch_size, curriculum,
-    test_n) replace the recipe's."""
+    test_n) replace the recipe's; anneal (steps) gives the run the annealed schedule (run_one)."""
     changes |= {k: v for k, v in (("lr", lr), ("steps", steps)) if v is not None}
     recipe = {k: changes.get(k, size[k]) for k in ("lr", "batch_size", "curriculum", "steps")}
-    return {"name": f"{stage}_{group}_{arm}{tag}_s{seed}", "stage": stage, "group": group, "arm": arm,
+    spec = {"name": f"{stage}_{group}_{arm}{tag}_s{seed}", "stage": stage, "group": group, "arm": arm,
             "seed": seed, "model": model,
             "train": train_spec(recipe["lr"], seed, recipe["steps"], recipe["batch_size"], size["eval_interval"]),
             "curriculum": recipe["curriculum"], "train_mode": train_mode if arm == "t2mlr" else None,
             "train_n": size["train_n"], "test_n": changes.get("test_n", size["test_n"]),
             "test_examples": size["test_examples"]}
+    return spec | {"anneal": {"steps": anneal}} if anneal else spec
 
 
 def in_dist(r, train_n):
@@ -475,7 +523,7 @@ def lever_specs(size, train_mode="exact"):
                     "steps": size["steps"] * change.get("steps", 1)}
         seed = change.get("seed", size["lever_seed"])
         specs.append(spec_of(size, "lever", group, arm, seed, model, change.get("lr"), train_mode, tag=f"_{name}",
-                             **changes))
+                             anneal=change.get("anneal"), **changes))
     return specs
 
 
@@ -626,8 +674,14 @@ def fixed_length_results(size, groups):
 def longest_runs(size, lever_runs):
     """The S5 levers at LONGEST times the recipe's steps on the test seeds (every arm so run): that recipe's
     3-seed results."""
-    return [r for r in lever_runs if r["spec"]["group"] == "S5"
+    return [r for r in lever_runs if r["spec"]["group"] == "S5" and "anneal" not in r["spec"]
             and r["steps"] == LONGEST * size["steps"] and r["spec"]["seed"] in size["seeds"]]
+
+
+def annealed_runs(size, lever_runs):
+    """The S5 levers with the annealed schedule on the test seeds: that recipe's 3-seed results."""
+    return [r for r in lever_runs if r["spec"]["group"] == "S5" and "anneal" in r["spec"]
+            and r["spec"]["seed"] in size["seeds"]]
 
 
 def report(size, paths, command, extra):
@@ -668,6 +722,7 @@ def report(size, paths, command, extra):
            "results_four_times_the_steps": {size["longer_group"]: with_curves(aggregate(longer_runs, ARMS, train_n),
                                                                                 longer_runs)},
            "results_eight_times_the_steps": {"S5": aggregate(longest_runs(size, lever_runs), ARMS, train_n)},
+           "results_annealed": {"S5": aggregate(annealed_runs(size, lever_runs), ARMS, train_n)},
            "depth": depth, "depth_summary": depth_summary(depth),
            "fixed_length": fixed_length_results(size, [g for g in GROUPS if not results.get(g)])}
     write_json(paths["json"], doc)
@@ -697,7 +752,7 @@ def _save(plt, fig, paths, name):
 
 def _band(ax, r, label, color, style="-", lw=1.6):
     xs = list(range(1, 1 + len(r["mean"])))
-    ax.plot(xs, r["mean"], style, color=color, lw=lw, label=label)
+    ax.plot(xs, r["mean"], linestyle=style, color=color, lw=lw, label=label)
     ax.fill_between(xs, [max(0.0, v) for v in r["lo"]], [min(1.0, v) for v in r["hi"]], color=color, alpha=0.2,
                     lw=0)                            # the interval, clipped to the possible accuracies
 
@@ -734,6 +789,8 @@ def plot_groups(doc, paths):
         for arm, r in doc.get("results_eight_times_the_steps", {}).get(g, {}).items():   # dash-dotted
             _band(ax, r, f"{ARM_LABEL[arm]}, {LONGEST * steps:,} steps ({seeds_label(r)})", ARM_STYLE[arm][0], "-.",
                   2.2)
+        for arm, r in doc.get("results_annealed", {}).get(g, {}).items():   # long dashes
+            _band(ax, r, f"{ARM_LABEL[arm]}, annealed ({seeds_label(r)})", ARM_STYLE[arm][0], (0, (6, 1.5)), 1.4)
         for name, r in doc.get("levers", {}).items():   # S5 levers at 4x the steps (one seed) not yet run on seeds
             if (g == "S5" and r.get("group") == g and r.get("steps") == LONGER * steps
                     and r.get("arm") not in longer):
@@ -921,6 +978,8 @@ def markdown_summary(doc) -> str:
              for g, arms in doc.get("results_four_times_the_steps", {}).items() for arm, r in arms.items()]
     rows += [(g, f"{ARM_LABEL[arm]}, eight times the steps", r)
              for g, arms in doc.get("results_eight_times_the_steps", {}).items() for arm, r in arms.items()]
+    rows += [(g, f"{ARM_LABEL[arm]}, annealed once the curriculum is complete", r)
+             for g, arms in doc.get("results_annealed", {}).items() for arm, r in arms.items()]
     for g, label, r in rows:
         s = r["summary"]
         lines.append(f"| {g} | {label} | {r['params'][0]:,} | {len(r['seeds'])} | "

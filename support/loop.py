@@ -123,14 +123,14 @@ def get_lr(step, cfg):
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def optimizer_step(t: Trainer, step, grad_accum, micro_loss):
-    """Optimizer step `step` (0-based) at the schedule's LR: grad_accum micro-steps of forward and backward,
+def optimizer_step(t: Trainer, step, grad_accum, micro_loss, lr=None):
+    """Optimizer step `step` (0-based) at the schedule's LR (get_lr; `lr` given: that LR instead): grad_accum micro-steps of forward and backward,
     micro_loss(model, m) giving micro-step m's loss (its batch through `model`, under autocast), then the
     gradients clipped to cfg.grad_clip (0 = not clipped; the norm is returned either way) and the update.
     Returns (the mean loss over micro-steps and ranks, the grad norm) as 0-d tensors on the device, and the
     schedule's LR (the gate's groups run at it times gate_lr_multiplier); reading the tensors syncs the host. Raises RunError, before the update, when the loss is not
     finite."""
-    lr = get_lr(step, t.cfg)
+    lr = get_lr(step, t.cfg) if lr is None else lr
     for group in t.optimizer.param_groups:         # the schedule's LR times each group's scale (the gate's m)
         group["lr"] = lr * group["lr_scale"]
     loss_sum = torch.zeros((), device=t.device)      # summed on the device: no host sync per micro-step

@@ -3,8 +3,9 @@ Tests of studies/word_problem.py: the groups (sizes, A5 = the even permutations,
 associative laws of the multiplication table), every running product against an independent composition of
 the permutations as functions, the batches (the same for every arm, reproducible by step), the parameter
 matching of the three arms, the t interval, exact T²MLR training against Jacobi D >= T (same loss and
-gradients), a run stopped and resumed against an uninterrupted one, and the --quick study end to end
-(figures, JSON, and a relaunch that retrains nothing).
+gradients), a run stopped and resumed against an uninterrupted one (under the cosine and the annealed
+schedule), the annealed schedule (the peak held until the curriculum is complete, then a cosine, and the
+run's end), and the --quick study end to end (figures, JSON, and a relaunch that retrains nothing).
 
 Run: python -m pytest -q tests/test_word_problem.py
 """
@@ -166,9 +167,11 @@ def test_exact_training_equals_jacobi_with_d_at_least_t():
     assert not math.isclose(wp.step_loss(model, x, y, "jacobi").item(), grads["exact"][0], rel_tol=1e-6)
 
 
-def test_a_stopped_run_resumes_to_the_uninterrupted_result(tmp_path):
+@pytest.mark.parametrize("steps, anneal", [(6, None), (40, 5)])
+def test_a_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, steps, anneal):
     size = dict(wp.QUICK, eval_interval=3)
-    spec = wp.spec_of(size, "main", "S3", "t2mlr", 0, wp.matched_arms(size, "S3")["t2mlr"], 1e-3, "exact", steps=6)
+    spec = wp.spec_of(size, "main", "S3", "t2mlr", 0, wp.matched_arms(size, "S3")["t2mlr"], 1e-3, "exact",
+                      steps=steps, anneal=anneal)
     whole = wp.run_one(spec, wp.study_paths(str(tmp_path / "whole")), log=lambda *_: None)
 
     def stop_at_6(message):
@@ -180,8 +183,8 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert not os.path.exists(os.path.join(paths["runs"], spec["name"] + ".json"))
     lines = []
     resumed = wp.run_one(spec, paths, log=lines.append)
-    assert "steps 3..6" in lines[0]
-    assert resumed["acc_by_position"] == whole["acc_by_position"]
+    assert f"steps 3..{steps}" in lines[0]
+    assert resumed["acc_by_position"] == whole["acc_by_position"] and resumed["steps"] == whole["steps"]
     assert math.isclose(resumed["final_loss"], whole["final_loss"], rel_tol=1e-6)
     assert wp.run_one(spec, paths, log=lambda m: pytest.fail(m))["params"] == whole["params"]   # finished: skipped
     other = dict(spec, train=dict(spec["train"], learning_rate=2e-3))
@@ -205,7 +208,10 @@ def test_quick_study_runs_end_to_end_and_a_relaunch_trains_nothing(tmp_path):
     assert doc["timing"]["chosen_train_mode"] in ("exact", "jacobi")
     assert set(doc["timing"]["seconds_per_step"]) == {"exact", "jacobi_D16_b15", "jacobi_D16_b4"}
     assert set(doc["levers"]) == set(wp.QUICK["levers"])                 # the levers named, one run each
-    assert doc["finished_runs"]["levers_expected"] == 4 and len(wp.lever_specs(wp.FULL)) == len(wp.LEVERS)
+    assert doc["finished_runs"]["levers_expected"] == 5 and len(wp.lever_specs(wp.FULL)) == len(wp.LEVERS)
+    annealed = doc["results_annealed"]["S5"]                    # the anneal lever, its decay cut at the end
+    assert set(annealed) == {"t2mlr"} and annealed["t2mlr"]["seeds"] == [0]
+    assert doc["levers"]["S5_t2mlr_s0_anneal4000"]["steps"] == 8 * wp.QUICK["steps"]
     for arm in wp.ARMS:
         r = doc["results"]["S3"][arm]
         assert len(r["mean"]) == 64 and len(r["seeds"]) == 2
@@ -361,3 +367,55 @@ def test_a_truncated_run_json_is_one_line_naming_the_file(tmp_path):
         f.write('{"spec": {"name": ')                                     # a write that did not finish
     with pytest.raises(wp.RunError, match=r"main_S3_lstm_s0.json is not valid JSON .*delete it to rerun"):
         wp.run_one(spec, paths)
+
+
+def test_the_annealed_lr_holds_the_peak_then_decays_by_cosine_to_min_lr():
+    cfg = wp.TrainConfig(**wp.train_spec(3e-3, 0, 1000, 8, 100))                 # warmup 50 steps
+    lr = lambda step, start: wp.annealed_lr(step, cfg, start, 200)
+    assert [lr(s, None) for s in range(50)] == [wp.get_lr(s, cfg) for s in range(50)]    # train.py's warmup
+    assert lr(50, None) == lr(900, None) == lr(299, 300) == 3e-3                  # the peak, held
+    assert lr(300, 300) == 3e-3 and math.isclose(lr(499, 300), 3e-5) and lr(700, 300) == 3e-5
+    assert math.isclose(lr(400, 300), 3e-5 + 0.5 * (1 + math.cos(math.pi * 100 / 199)) * (3e-3 - 3e-5))
+    assert lr(400, 300) < lr(350, 300) < 3e-3
+
+
+@pytest.mark.parametrize("steps, anneal", [(40, 5), (10, 4)])
+def test_an_annealed_run_decays_once_the_curriculum_is_complete_and_ends_there(tmp_path, steps, anneal):
+    size = dict(wp.QUICK, eval_interval=3)        # the quick curriculum: one more position every step
+    spec = wp.spec_of(size, "lever", "S3", "lstm", 0, wp.matched_arms(size, "S3")["lstm"], None, None,
+                      steps=steps, anneal=anneal)
+    rates = []
+    real = wp.optimizer_step
+    def recording(t, step, accum, loss, lr=None):
+        rates.append((step, lr))
+        return real(t, step, accum, loss, lr=lr)
+    wp.optimizer_step = recording
+    try:
+        r = wp.run_one(spec, wp.study_paths(str(tmp_path)), log=lambda _: None)
+    finally:
+        wp.optimizer_step = real
+    complete = r["curriculum_lengths"].get("16")
+    # 40 steps: the curriculum completes at step 14 and the decay begins there; 10 steps: it never does,
+    # and the decay takes the last 4 steps
+    assert r["anneal_start"] == (complete if steps == 40 else steps - anneal)
+    assert (complete is None) == (steps == 10)
+    assert r["steps"] == r["anneal_start"] + anneal == len(rates) and r["curve"][-1]["step"] == r["steps"]
+    cfg = wp.TrainConfig(**spec["train"])
+    assert [lr for _, lr in rates] == [wp.annealed_lr(s, cfg, r["anneal_start"], anneal) for s, _ in rates]
+    assert rates[-1][1] == cfg.min_lr and rates[r["anneal_start"] - 1][1] == cfg.learning_rate
+
+
+def test_the_anneal_levers_are_the_longer_runs_at_eight_times_with_the_anneal_alone():
+    levers = {wp.lever_name(s): s for s in wp.lever_specs(wp.FULL)}
+    longer = {(s["arm"], s["seed"]): s for s in wp.longer_specs(wp.FULL, "exact")}
+    rest = lambda s: {k: v for k, v in s.items() if k not in ("name", "stage", "train", "anneal")}
+    for arm in wp.ARMS:
+        for seed in wp.FULL["seeds"]:
+            spec, base = levers[f"S5_{arm}_s{seed}_anneal{wp.ANNEAL}"], longer[(arm, seed)]
+            assert spec["anneal"] == {"steps": 4000} and "anneal" not in base
+            assert spec["train"] == base["train"] | {"max_iters": 16000, "warmup_iters": 800}
+            assert rest(spec) == rest(base) and spec["seed"] == seed
+    runs = [{"spec": levers[f"S5_t2mlr_s{seed}_anneal{wp.ANNEAL}"], "steps": 16000} for seed in (0, 1, 2)]
+    plain = [{"spec": levers[f"S5_t2mlr_s{seed}_steps16000"], "steps": 16000} for seed in (0, 1, 2)]
+    assert wp.longest_runs(wp.FULL, runs + plain) == plain       # an anneal run that ran 16,000: not 8x
+    assert wp.annealed_runs(wp.FULL, runs + plain) == runs
