@@ -145,10 +145,11 @@ QUICK = dict(FULL, steps=12, batch_size=8, test_examples=32, seeds=(0, 1), group
              curriculum={"start": 2, "threshold": 3.0}, depth_recipe={},
              levers=("recipe", "fixed_b256", "S5_t2mlr_steps8000", "S5_t2mlr_s2_plain_state",   # one of each kind
                      "S5_t2mlr_s0_anneal4000"))
-# A GPU config: wider models, 4x the steps and the batch. Not run here (no GPU was lent to this study);
-# python -m studies.word_problem --gpu
+# A GPU config: wider models, 5x the steps, 4x the batch, every run on the annealed schedule (run_one: the
+# peak LR until the curriculum is complete, then 2,500 steps of cosine). Not run here (no GPU was lent to this
+# study); python -m studies.word_problem --gpu
 GPU = dict(FULL, steps=10000, batch_size=1024, n_embd=128, mlp_hidden=512, eval_interval=1000,
-           timing_steps=20, device="cuda", depth_recipe={})
+           timing_steps=20, device="cuda", depth_recipe={}, anneal=2500)
 # The levers of the recipe, measured one at a time on the LSTM, A5, one seed outside the test seeds:
 # name -> what differs from the recipe: "batch", "steps" and "width" scale the recipe's words a step, steps
 # and LSTM width; "fixed_b32" is the fixed-length recipe (n = 16, 32 a step). The S5_ levers run on S5 (a
@@ -483,7 +484,9 @@ def train_spec(lr, seed, steps, batch_size, eval_interval) -> dict:
 
 def spec_of(size, stage, group, arm, seed, model, lr, train_mode, steps=None, tag="", anneal=None, **changes):
     """One run of the recipe `size` (lr and steps None: the recipe's); `changes` (batch_size, curriculum,
-    test_n) replace the recipe's; anneal (steps) gives the run the annealed schedule (run_one)."""
+    test_n) replace the recipe's; anneal (steps; None: size's "anneal", if any) gives the run the annealed
+    schedule (run_one)."""
+    anneal = anneal or size.get("anneal")
     changes |= {k: v for k, v in (("lr", lr), ("steps", steps)) if v is not None}
     recipe = {k: changes.get(k, size[k]) for k in ("lr", "batch_size", "curriculum", "steps")}
     spec = {"name": f"{stage}_{group}_{arm}{tag}_s{seed}", "stage": stage, "group": group, "arm": arm,

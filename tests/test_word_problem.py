@@ -419,3 +419,11 @@ def test_the_anneal_levers_are_the_longer_runs_at_eight_times_with_the_anneal_al
     plain = [{"spec": levers[f"S5_t2mlr_s{seed}_steps16000"], "steps": 16000} for seed in (0, 1, 2)]
     assert wp.longest_runs(wp.FULL, runs + plain) == plain       # an anneal run that ran 16,000: not 8x
     assert wp.annealed_runs(wp.FULL, runs + plain) == runs
+
+
+def test_the_gpu_config_anneals_every_run_and_the_cpu_recipe_none():
+    stages = lambda size: (wp.main_specs(size, "exact") + wp.longer_specs(size, "exact") + wp.depth_specs(size)
+                           + wp.long_specs(size))
+    assert all(s["anneal"] == {"steps": 2500} for s in stages(wp.GPU))
+    assert not any("anneal" in s for s in stages(wp.FULL))
+    assert wp.GPU["steps"] - 2500 > 0 and all(s["train"]["max_iters"] >= 10000 for s in stages(wp.GPU))
