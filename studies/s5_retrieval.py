@@ -163,6 +163,8 @@ class S5Config:
     curriculum_start: int = 0             # 0: n uniform in [train_min_n, train_max_n] from the first step;
     curriculum_threshold: float = 0.3     # else in [train_min_n, L], L from curriculum_start up to
                                           # train_max_n, one more once the loss mean < threshold
+    curriculum_draw: str = "uniform"      # 'uniform': n in [train_min_n, L]; 'at_length': n = L (every
+                                          # example composes L actions, as a word problem of length L)
 
     def curriculum(self):
         """The length curriculum over the number of actions (studies.common), or None."""
@@ -173,6 +175,10 @@ class S5Config:
     def __post_init__(self):
         if self.arch not in ("gpt", "lstm"):
             raise ValueError(f"arch {self.arch!r} is not one of 'gpt', 'lstm'")
+        if self.curriculum_draw not in ("uniform", "at_length"):
+            raise ValueError(f"curriculum_draw {self.curriculum_draw!r} is not one of 'uniform', 'at_length'")
+        if self.curriculum_draw == "at_length" and not self.curriculum_start:
+            raise ValueError("curriculum_draw 'at_length' needs a curriculum: set curriculum_start >= 1")
         check_ranges(
             self,
             {
@@ -269,13 +275,13 @@ def evaluate(model, s5: S5Config, n_values, examples_per_n: int, device, autocas
 
 def train_batch(s5: S5Config, seed: int, step: int, batch_size: int, device, max_n=None):
     """The batch of training step `step`: batch_size examples with n uniform in [train_min_n, max_n]
-    (default train_max_n; the curriculum's length under one), drawn from a generator seeded by (seed, step)
-    alone. Returns make_batch's (idx, targets, control), (B, T)."""
+    (default train_max_n; the curriculum's length under one), or n = max_n alone (curriculum_draw
+    'at_length'), drawn from a generator seeded by (seed, step) alone. Returns make_batch's
+    (idx, targets, control), (B, T)."""
     rng = random.Random(seed * 1_000_000_007 + step)
-    examples = [
-        make_example(rng.randint(s5.train_min_n, max_n or s5.train_max_n), rng, s5.value_len)
-        for _ in range(batch_size)
-    ]
+    max_n = max_n or s5.train_max_n
+    min_n = max_n if s5.curriculum_draw == "at_length" else s5.train_min_n
+    examples = [make_example(rng.randint(min_n, max_n), rng, s5.value_len) for _ in range(batch_size)]
     return make_batch(examples, device)
 
 

@@ -424,7 +424,7 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
                "acc_by_position": acc, "curve": state["curve"],
                "final_loss": next((r["loss"] for r in reversed(state["curve"]) if "loss" in r), None)}
     results["recipe"] = {"train": spec["train"], "curriculum": spec.get("curriculum"),
-                         "train_mode": spec["train_mode"], "model": spec["model"]}
+                         "train_mode": spec["train_mode"], "model": spec["model"], "anneal": spec.get("anneal")}
     if spec.get("curriculum"):
         results["curriculum_lengths"] = state.get("lengths", {})
     if spec.get("anneal"):
@@ -535,9 +535,11 @@ def lever_name(spec) -> str:
     return spec["name"][len(f"lever_{spec['group']}_{spec['arm']}_"):].rsplit("_s", 1)[0]
 
 
-def arm_spec(size, group, arm, seed, train_mode, stage="main"):
-    """One arm of the main comparison under the recipe (the CLI's single run)."""
-    return spec_of(size, stage, group, arm, seed, matched_arms(size, group)[arm], None, train_mode)
+def arm_spec(size, group, arm, seed, train_mode, stage="main", steps=None, anneal=None):
+    """One arm of the main comparison under the recipe (the CLI's single run; steps and anneal None: the
+    recipe's)."""
+    return spec_of(size, stage, group, arm, seed, matched_arms(size, group)[arm], None, train_mode, steps=steps,
+                   anneal=anneal)
 
 
 def main_specs(size, train_mode, seeds=None):
@@ -1016,10 +1018,12 @@ def unrolled_layers(arm) -> int:
 
 
 def single_run(args, size):
-    """One arm, group and seed under the recipe into args.out: result.json (acc_by_position, the recipe, the
-    steps, the seconds) and ckpt.pt while it trains; resumable as the study's runs are."""
+    """One arm, group and seed under the recipe (args.steps, args.anneal: its steps and annealed schedule
+    instead) into args.out: result.json (acc_by_position, the recipe, the steps, the seconds) and ckpt.pt
+    while it trains; resumable as the study's runs are."""
     timing = {"chosen_train_mode": "exact"}                 # the study measures it; exact is its choice on CPU
-    spec = arm_spec(size, args.group, args.arm, args.seed, timing["chosen_train_mode"], stage="run")
+    spec = arm_spec(size, args.group, args.arm, args.seed, timing["chosen_train_mode"], stage="run",
+                    steps=args.steps, anneal=args.anneal)
     out_json = os.path.join(args.out, "result.json")
     r = run_one(spec, None, device=size.get("device", "cpu"), out_json=out_json, ckpt_dir=args.out)
     print(f"{args.arm} on {args.group}, seed {args.seed}: accuracy t = 1..{size['train_n']} "
@@ -1045,10 +1049,16 @@ def parse_args(argv):
     p.add_argument("--arm", choices=ARMS, help="one run: the arm")
     p.add_argument("--seed", type=int, default=0, help="one run: the seed (default 0)")
     p.add_argument("--out", help="one run: its folder (result.json, ckpt.pt)")
+    p.add_argument("--steps", type=int, help="one run: its steps (default: the recipe's)")
+    p.add_argument("--anneal", type=int, help="one run: the annealed schedule, this many steps of decay once "
+                                              "the curriculum is complete (default: the recipe's cosine)")
     args = p.parse_args(argv)
     one = (args.group, args.arm, args.out)
-    if (args.arm or args.out) and not all(one):
-        raise RunError("one run needs --group, --arm and --out (and optionally --seed)")
+    if (args.arm or args.out or args.steps or args.anneal) and not all(one):
+        raise RunError("one run needs --group, --arm and --out (and optionally --seed, --steps, --anneal)")
+    for name in ("steps", "anneal"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise RunError(f"--{name} {getattr(args, name)}: give a number of steps >= 1")
     if args.quick and args.gpu:
         raise RunError("--quick and --gpu are two sizes: give one")
     return args

@@ -314,6 +314,20 @@ def test_the_curriculum_bounds_the_lengths_and_widens_them_once_the_loss_is_low(
     assert "max_n" not in tiny_run("--max_iters=1", f"--out_dir={tmp_path / 'off'}")["curve"][0]
 
 
+def test_the_at_length_draw_composes_the_curriculums_length_in_every_example():
+    """curriculum_draw='at_length': every example of a batch has n = L actions (uniform draws all of
+    1..L); the draw needs a curriculum and is one of two names."""
+    from studies.s5_retrieval import train_batch
+    s5 = S5Config(train_min_n=1, train_max_n=6, curriculum_start=2, curriculum_draw="at_length")
+    for max_n in (2, 5):
+        _, _, control = train_batch(s5, seed=0, step=3, batch_size=16, device="cpu", max_n=max_n)
+        assert ((control == 2).sum(dim=1) // 5).tolist() == [max_n] * 16
+    with pytest.raises(ValueError, match="curriculum_draw 'every' is not one of 'uniform', 'at_length'"):
+        S5Config(curriculum_start=1, curriculum_draw="every")
+    with pytest.raises(ValueError, match="needs a curriculum: set curriculum_start >= 1"):
+        S5Config(curriculum_draw="at_length")
+
+
 def test_a_curriculum_run_resumes_to_the_uninterrupted_one(tmp_path):
     """The curriculum's length and loss mean travel in the checkpoint: stopped at step 2 and resumed, the
     same lengths, losses and weights as 4 steps at once."""

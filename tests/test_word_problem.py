@@ -282,8 +282,25 @@ def test_one_run_from_the_command_line_writes_its_result(tmp_path):
     assert len(r["acc_by_position"]) == 64 and all(0 <= a <= 1 for a in r["acc_by_position"])
     assert r["steps"] == wp.QUICK["steps"] and r["train_seconds"] > 0 and r["spec"]["seed"] == 5
     assert r["recipe"]["curriculum"] == wp.QUICK["curriculum"] and r["recipe"]["train"]["batch_size"] == 8
+    assert r["recipe"]["anneal"] is None and "anneal_start" not in r
     bad = subprocess.run([*cmd[:-2]], cwd=ROOT, capture_output=True, text=True, timeout=60)  # no --out
     assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0 and "--out" in bad.stderr
+    zero = subprocess.run([*cmd, "--anneal", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert zero.returncode != 0 and zero.stderr.strip() == "error: --anneal 0: give a number of steps >= 1"
+
+
+def test_one_run_takes_its_steps_and_the_annealed_schedule_from_the_command_line(tmp_path):
+    """--steps 40 --anneal 5: the recipe's run with 40 steps, its decay begun once the curriculum is
+    complete (QUICK's threshold 3.0 widens it within a few steps) and the run ended 5 steps later."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "studies.word_problem", "--quick", "--group", "S3", "--arm", "lstm", "--out",
+           str(out), "--steps", "40", "--anneal", "5"]
+    done = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    r = json.loads((out / "result.json").read_text())
+    assert r["recipe"]["train"]["max_iters"] == 40 and r["recipe"]["anneal"] == {"steps": 5}
+    assert r["anneal_start"] == r["curriculum_lengths"]["16"] < 35 and r["steps"] == r["anneal_start"] + 5
 
 
 def test_a_stage_with_a_group_trains_that_groups_runs_alone(tmp_path, monkeypatch):
@@ -415,6 +432,10 @@ def test_the_anneal_levers_are_the_longer_runs_at_eight_times_with_the_anneal_al
             assert spec["anneal"] == {"steps": 4000} and "anneal" not in base
             assert spec["train"] == base["train"] | {"max_iters": 16000, "warmup_iters": 800}
             assert rest(spec) == rest(base) and spec["seed"] == seed
+            # the one-run command line with --steps 16000 --anneal 4000 trains the same run
+            one = wp.arm_spec(wp.FULL, "S5", arm, seed, "exact", stage="run", steps=16000, anneal=4000)
+            assert {k: v for k, v in one.items() if k not in ("name", "stage")} == \
+                {k: v for k, v in spec.items() if k not in ("name", "stage")}
     runs = [{"spec": levers[f"S5_t2mlr_s{seed}_anneal{wp.ANNEAL}"], "steps": 16000} for seed in (0, 1, 2)]
     plain = [{"spec": levers[f"S5_t2mlr_s{seed}_steps16000"], "steps": 16000} for seed in (0, 1, 2)]
     assert wp.longest_runs(wp.FULL, runs + plain) == plain       # an anneal run that ran 16,000: not 8x
