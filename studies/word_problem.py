@@ -731,7 +731,8 @@ def report(size, paths, command, extra):
            "depth": depth, "depth_summary": depth_summary(depth),
            "fixed_length": fixed_length_results(size, [g for g in GROUPS if not results.get(g)])}
     write_json(paths["json"], doc)
-    written = [paths["json"]] + plot_groups(doc, paths) + plot_depth_vs_time(doc, paths) + plot_curves(doc, paths)
+    written = [paths["json"], *plot_groups(doc, paths), *plot_schedules(doc, paths),
+               *plot_depth_vs_time(doc, paths), *plot_curves(doc, paths)]
     return doc, written
 
 
@@ -769,7 +770,9 @@ def seeds_label(r) -> str:
 
 def plot_groups(doc, paths):
     """One figure, a panel per group: accuracy against position, one line per arm (mean over seeds, 95% t
-    band), the training length shaded."""
+    band), the training length shaded. Each group shows the recipe and the schedule that carried it: the
+    annealed runs where there are some (S5), else the LSTM at twice the steps (A5); every schedule of S5 is
+    in plot_schedules."""
     panels = {g: (arms, "") for g, arms in doc["results"].items() if arms}
     panels |= {g: (arms, ", fixed-length recipe") for g, arms in doc.get("fixed_length", {}).items()}
     groups = [g for g in GROUPS if g in panels]
@@ -784,24 +787,12 @@ def plot_groups(doc, paths):
         steps = doc["sizes"]["steps"]
         for arm, r in arms.items():
             _band(ax, r, f"{ARM_LABEL[arm]}, {steps:,} steps ({seeds_label(r)})", *ARM_STYLE[arm])
+        annealed = doc.get("results_annealed", {}).get(g, {})
+        for arm, r in annealed.items():                       # dash-dotted
+            _band(ax, r, f"{ARM_LABEL[arm]}, annealed ({seeds_label(r)})", ARM_STYLE[arm][0], "-.", 2.2)
         long = doc.get("results_lstm_twice_the_steps", {}).get(g, {}).get("lstm")
-        if long:                                          # the LSTM at twice the steps, dash-dotted
+        if long and not annealed:                             # the LSTM at twice the steps, dash-dotted
             _band(ax, long, f"LSTM, {2 * steps:,} steps ({seeds_label(long)})", "C2", "-.", 1.6)
-        longer = doc.get("results_four_times_the_steps", {}).get(g, {})
-        for arm, r in longer.items():                     # every arm at four times the steps, dotted
-            _band(ax, r, f"{ARM_LABEL[arm]}, {LONGER * steps:,} steps ({seeds_label(r)})", ARM_STYLE[arm][0], ":",
-                  2.2)
-        for arm, r in doc.get("results_eight_times_the_steps", {}).get(g, {}).items():   # dash-dotted
-            _band(ax, r, f"{ARM_LABEL[arm]}, {LONGEST * steps:,} steps ({seeds_label(r)})", ARM_STYLE[arm][0], "-.",
-                  2.2)
-        for arm, r in doc.get("results_annealed", {}).get(g, {}).items():   # long dashes
-            _band(ax, r, f"{ARM_LABEL[arm]}, annealed ({seeds_label(r)})", ARM_STYLE[arm][0], (0, (6, 1.5)), 1.4)
-        for name, r in doc.get("levers", {}).items():   # S5 levers at 4x the steps (one seed) not yet run on seeds
-            if (g == "S5" and r.get("group") == g and r.get("steps") == LONGER * steps
-                    and r.get("arm") not in longer):
-                ax.plot(range(1, 1 + len(r["acc_by_position"])), r["acc_by_position"], ":",
-                        color=ARM_STYLE[r["arm"]][0], lw=2.2,
-                        label=f"{ARM_LABEL[r['arm']]}, {r['steps']:,} steps (seed {r['seed']})")
         ax.axvspan(0.5, train_n + 0.5, color="grey", alpha=0.08, lw=0)
         ax.axvline(train_n + 0.5, color="black", ls=":", lw=1)
         ax.axhline(1 / doc["task"]["groups"][g], color="grey", ls="--", lw=1)
@@ -814,6 +805,37 @@ def plot_groups(doc, paths):
     for ax in list(axes.flat)[len(groups):]:
         ax.set_visible(False)
     return [_save(plt, fig, paths, "word_problem_groups.png")]
+
+
+def plot_schedules(doc, paths):
+    """The longer stage's group (S5), a panel per arm: accuracy against position under each schedule run
+    on the test seeds (the recipe's steps, 2x for the LSTM, 4x, 8x, annealed; mean over seeds, 95% t band)."""
+    g, steps = doc["sizes"].get("longer_group"), doc["sizes"]["steps"]
+    schedules = [(f"{steps:,} steps", doc["results"].get(g, {})),
+                 (f"{2 * steps:,} steps", doc.get("results_lstm_twice_the_steps", {}).get(g, {})),
+                 (f"{LONGER * steps:,} steps", doc.get("results_four_times_the_steps", {}).get(g, {})),
+                 (f"{LONGEST * steps:,} steps", doc.get("results_eight_times_the_steps", {}).get(g, {})),
+                 (f"annealed (at most {LONGEST * steps:,} steps)", doc.get("results_annealed", {}).get(g, {}))]
+    arms = [arm for arm in ARMS if any(arm in runs for _, runs in schedules)]
+    if not arms:
+        return []
+    plt, train_n = _plt(), doc["task"]["train_n"]
+    fig, axes = plt.subplots(1, len(arms), figsize=(5.2 * len(arms), 3.8), squeeze=False)
+    colors = ("C7", "C8", "C0", "C1", "C3")                  # one colour per schedule, the same in every panel
+    for ax, arm in zip(axes.flat, arms):
+        for i, ((label, runs), color) in enumerate(zip(schedules, colors)):
+            if arm in runs:
+                r = runs[arm]
+                minutes = sum(r["train_seconds"]) / len(r["train_seconds"]) / 60
+                _band(ax, r, f"{label} ({seeds_label(r)}, {minutes:.0f} min a run)", color,
+                      "--" if i == len(schedules) - 1 else "-", 2.0)   # dashed: the one below shows
+        ax.axvspan(0.5, train_n + 0.5, color="grey", alpha=0.08, lw=0)
+        ax.axhline(1 / doc["task"]["groups"][g], color="grey", ls="--", lw=1)
+        ax.set(xlabel="position t", ylabel="accuracy of s_t", ylim=(-0.02, 1.02),
+               xlim=(0.5, doc["task"]["test_n"] + 0.5), title=f"{g}: {ARM_LABEL[arm]}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="center right")
+    return [_save(plt, fig, paths, "word_problem_schedules.png")]
 
 
 def plot_curves(doc, paths):

@@ -227,7 +227,8 @@ def test_quick_study_runs_end_to_end_and_a_relaunch_trains_nothing(tmp_path):
     assert set(doc["depth"]["S3"]) == set(wp.DEPTH_ORDER)
     assert all(len(r["mean"]) == 16 for r in doc["depth"]["S3"].values())
     assert set(doc["depth_summary"]["S3"]["mesh_minus_base"]) == {f"K{K}" for K in wp.LOOPS}
-    for name in ("word_problem_groups.png", "word_problem_depth_vs_time.png", "word_problem_curves.png"):
+    for name in ("word_problem_groups.png", "word_problem_schedules.png", "word_problem_depth_vs_time.png",
+                 "word_problem_curves.png"):
         assert (tmp_path / name).stat().st_size > 10_000
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.json")}
     second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
