@@ -165,6 +165,8 @@ class S5Config:
                                           # train_max_n, one more once the loss mean < threshold
     curriculum_draw: str = "uniform"      # 'uniform': n in [train_min_n, L]; 'at_length': n = L (every
                                           # example composes L actions, as a word problem of length L)
+    curriculum_loss: str = "all"          # the loss the curriculum's rule reads: 'all' labelled tokens, or
+                                          # 'states' alone (a word problem's labels are all states)
 
     def curriculum(self):
         """The length curriculum over the number of actions (studies.common), or None."""
@@ -177,8 +179,11 @@ class S5Config:
             raise ValueError(f"arch {self.arch!r} is not one of 'gpt', 'lstm'")
         if self.curriculum_draw not in ("uniform", "at_length"):
             raise ValueError(f"curriculum_draw {self.curriculum_draw!r} is not one of 'uniform', 'at_length'")
-        if self.curriculum_draw == "at_length" and not self.curriculum_start:
-            raise ValueError("curriculum_draw 'at_length' needs a curriculum: set curriculum_start >= 1")
+        if self.curriculum_loss not in ("all", "states"):
+            raise ValueError(f"curriculum_loss {self.curriculum_loss!r} is not one of 'all', 'states'")
+        for key, default in (("curriculum_draw", "uniform"), ("curriculum_loss", "all")):
+            if getattr(self, key) != default and not self.curriculum_start:
+                raise ValueError(f"{key} {getattr(self, key)!r} needs a curriculum: set curriculum_start >= 1")
         check_ranges(
             self,
             {
@@ -235,6 +240,13 @@ def score(logits, targets, control):
     return {"seq": (right | ~labelled).all(dim=1).long(),
             "answers": answers.sum(dim=1), "answers_right": (right & answers).sum(dim=1),
             "states": states.sum(dim=1), "states_right": (right & states).sum(dim=1)}
+
+
+def state_loss(logits, targets, control):
+    """The mean cross-entropy in nats over the state tokens alone (as score counts them) of a batch:
+    logits (B, T, V), targets and control (B, T)."""
+    states = (control >= 2) & (targets >= FIRST_PERM_ID)
+    return torch.nn.functional.cross_entropy(logits[states].float(), targets[states])
 
 
 @torch.no_grad()
@@ -373,11 +385,18 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, s5: S5Config, log=print):
         """Step `step` on its generated batch; a curve row of the mean loss every log_interval updates."""
         max_n = curriculum_length(state, curriculum, s5.train_max_n)
         idx, targets, control = train_batch(s5, cfg.seed, step, cfg.batch_size, device, max_n)
-        loss, _, lr = optimizer_step(trainer, step, 1, lambda model, _: model(idx, targets, control=control,
-                                                                               mode=train_mode)[1])
+        kept = {}
+
+        def loss_of(model, _):
+            kept["logits"], loss = model(idx, targets, control=control, mode=train_mode)
+            return loss
+
+        loss, _, lr = optimizer_step(trainer, step, 1, loss_of)
         losses.append(loss.item())
         done = state["steps_done"] = step + 1
-        advance_curriculum(state, curriculum, s5.train_max_n, losses[-1])
+        read = losses[-1] if s5.curriculum_loss == "all" else state_loss(kept["logits"].detach(), targets,
+                                                                         control).item()
+        advance_curriculum(state, curriculum, s5.train_max_n, read)
         if done % cfg.log_interval == 0 or done == cfg.max_iters:
             row = {"step": done, "loss": sum(losses) / len(losses), "lr": lr} | gate_values(model)
             state["curve"].append(row | ({"max_n": max_n} if curriculum else {}))

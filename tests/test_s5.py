@@ -328,6 +328,52 @@ def test_the_at_length_draw_composes_the_curriculums_length_in_every_example():
         S5Config(curriculum_draw="at_length")
 
 
+def test_the_state_loss_is_the_cross_entropy_of_the_state_tokens_alone():
+    """state_loss against a loop over each example's state positions, read off the format: the prompt
+    ((1 + value_len)·n + 1 tokens, whose keys are permutation tokens too), then a state every 1 + value_len."""
+    import torch.nn.functional as F
+    from studies.s5_retrieval import state_loss
+    rng = random.Random(3)
+    examples = [make_example(n, rng, value_len=2) for n in (1, 3, 2)]
+    idx, targets, control = make_batch(examples)
+    logits = torch.randn(*idx.shape, len(TOKENIZER.vocab), generator=torch.Generator().manual_seed(0))
+    terms = []
+    for b, (inputs, _, _) in enumerate(examples):
+        n = (len(inputs) - 1) // 6
+        prompt = 3 * n + 1
+        terms += [F.cross_entropy(logits[b, t], targets[b, t]) for t in range(prompt, prompt + 3 * n, 3)]
+    assert len(terms) == 6
+    torch.testing.assert_close(state_loss(logits, targets, control), torch.stack(terms).mean())
+
+
+def test_a_curriculum_on_the_states_reads_their_loss_alone(tmp_path):
+    """curriculum_loss='states': the curriculum's loss mean after one step is the state tokens' loss of
+    step 0's batch under the initial model, not the loss over every labelled token; the option needs a
+    curriculum and is one of two names."""
+    from configurator import load_config
+    from model import GPTConfig
+    from studies.s5_retrieval import build_model, state_loss, train_batch
+    from support.checkpoints import load_checkpoint
+    from train import TrainConfig
+    args = ["--max_iters=1", "--curriculum_start=1", "--curriculum_threshold=1e-9", "--curriculum_loss=states",
+            f"--out_dir={tmp_path / 'states'}"]
+    run = tiny_run(*args)
+    model_cfg, cfg, s5 = load_config([*TINY_RUN, *args], GPTConfig, TrainConfig, S5Config)[0]
+    torch.manual_seed(cfg.seed)
+    model = build_model(model_cfg, s5)
+    idx, targets, control = train_batch(s5, cfg.seed, 0, cfg.batch_size, "cpu", max_n=1)
+    with torch.no_grad():
+        logits, loss = model(idx, targets, control=control, mode=cfg.train_mode)
+    mean = load_checkpoint(str(tmp_path / "states" / "ckpt.pt"))["state"]["loss_mean"]
+    assert mean == pytest.approx(state_loss(logits, targets, control).item(), rel=1e-5)
+    assert run["curve"][0]["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    assert abs(mean - loss.item()) > 0.1
+    with pytest.raises(ValueError, match="curriculum_loss 'codes' is not one of 'all', 'states'"):
+        S5Config(curriculum_start=1, curriculum_loss="codes")
+    with pytest.raises(ValueError, match="curriculum_loss 'states' needs a curriculum"):
+        S5Config(curriculum_loss="states")
+
+
 def test_a_curriculum_run_resumes_to_the_uninterrupted_one(tmp_path):
     """The curriculum's length and loss mean travel in the checkpoint: stopped at step 2 and resumed, the
     same lengths, losses and weights as 4 steps at once."""
