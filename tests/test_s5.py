@@ -222,7 +222,7 @@ def test_configs_are_parameter_matched(prefix, width):
 @pytest.mark.parametrize("arm", ["t2mlr", "transformer", "lstm"])
 def test_the_curriculum_overlay_changes_the_schedule_alone_and_keeps_the_papers_examples(arm):
     """config/s5_curriculum.py after a paper config: the same model, task lengths and training mode; the
-    curriculum from one action; batch x steps = the paper's 400,000 x 16 examples."""
+    curriculum from one action, read on the state tokens; batch x steps = the paper's 400,000 x 16 examples."""
     from configurator import load_config
     from model import GPTConfig
     from train import TrainConfig
@@ -230,8 +230,9 @@ def test_the_curriculum_overlay_changes_the_schedule_alone_and_keeps_the_papers_
     (model, cfg, s5), (model_c, cfg_c, s5_c) = load(f"config/s5_{arm}.py"), load(f"config/s5_{arm}.py",
                                                                                   "config/s5_curriculum.py")
     assert model_c == model and cfg_c.train_mode == cfg.train_mode and s5.curriculum() is None
-    assert s5_c.curriculum() == {"start": 1, "threshold": 0.05}
-    assert dataclasses.replace(s5_c, curriculum_start=0, curriculum_threshold=0.3) == s5
+    assert s5_c.curriculum() == {"start": 1, "threshold": 0.3}
+    assert (s5_c.curriculum_loss, s5_c.curriculum_draw) == ("states", "at_length")
+    assert dataclasses.replace(s5_c, curriculum_start=0, curriculum_loss="all", curriculum_draw="uniform") == s5
     assert cfg_c.batch_size * cfg_c.max_iters == cfg.batch_size * cfg.max_iters == 16 * 400_000
     assert cfg_c.warmup_iters == cfg_c.max_iters // 20 and cfg_c.batch_size == 256
 
