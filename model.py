@@ -691,5 +691,6 @@ class GPT(nn.Module):
 
 
 if __name__ == "__main__":      # python model.py config/<name>.py: a summary of the architecture
+    from configurator import load_config
     from support.accounting import main
-    main()
+    main(load_config)

@@ -273,13 +273,21 @@ def prepare(sources, tokenizer, out_dir, val_fraction=0.005, max_tokens=None, nu
                 "eot": tokenizer.eot, "dtype": np.dtype(writer.dtype).name,
                 "max_token_id": writer.max_token_id, **writer.counts,
                 "sources": [name for name, n in zip(names, docs) if n > 0], "split": SPLIT_RULE,
-                "val_fraction": val_fraction, "layout": LAYOUT, "max_tokens": max_tokens}
+                "val_fraction": val_fraction, "layout": LAYOUT, "max_tokens": max_tokens,
+                "files": bin_fingerprints(out_dir)}   # max_token_id holds while these are unchanged
         write_meta(out_dir / "meta.json", meta)  # last: from here on train.py accepts the folder
         return meta
     finally:
         if pool is not None:
             pool.terminate()
         writer.cleanup()
+
+
+def bin_fingerprints(out_dir):
+    """{"train.bin": [size in bytes, mtime in ns], "val.bin": [...]}: how train.py tells that a .bin file
+    changed after this script wrote it (support.data.check_token_ids then checks its ids again)."""
+    return {name: [(st := os.stat(Path(out_dir) / name)).st_size, st.st_mtime_ns]
+            for name in ("train.bin", "val.bin")}
 
 
 def write_meta(path, meta):

@@ -6,6 +6,7 @@ Sample from a trained model: reads out_dir/ckpt.pt (written by train.py) and pri
     python sample.py --help
 """
 
+import glob
 import os
 import sys
 from dataclasses import dataclass
@@ -68,6 +69,12 @@ def main(argv):
                            f"{e.object[e.start:e.start + 1]!r}): give a text file") from None
 
     path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if not os.path.isfile(path):        # name the folders that hold one (train.py's out_dir, under out/)
+        found = sorted(os.path.dirname(p) for p in glob.glob("out/**/ckpt.pt", recursive=True))
+        where = (f"checkpoints are in: {', '.join(found[:8])}{' ...' if len(found) > 8 else ''}; pick one with "
+                 f"--out_dir=<folder>" if found else "no ckpt.pt under out/: train one first (python train.py "
+                 "config/tiny_mesh.py), or give --out_dir=<the folder of train.py's run>")
+        raise RunError(f"no checkpoint at {path} (--out_dir={cfg.out_dir}); {where}")
     model, ckpt = load_model(path, device)             # eval mode; generate runs T²MLR exactly (its cache)
     model_cfg = model.cfg
     tokenizer = get_tokenizer(recorded_tokenizer(ckpt, path))

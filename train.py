@@ -41,7 +41,7 @@ from support.data import check_token_ids, get_batch, load_meta, step_starts, val
 from support.loop import evaluate, get_lr, make_trainer, resume, save_state
 from support.pretrained import config_from_hf, hf_checkpoint, load_hf_weights
 from support.runlog import RunLog
-from support.runtime import RunError, resolve_device, resolve_dtype
+from support.runtime import RunError, StopRequest, resolve_device, resolve_dtype
 
 
 # -----------------------------------------------------------------------------
@@ -88,6 +88,7 @@ class TrainConfig:
     compile: Optional[bool] = None        # torch.compile; None = on for CUDA only
     seed: int = 1337                      # model init, global RNGs and the data sampler (same on every rank)
     peak_flops: Optional[float] = None    # peak FLOP/s of one device, for MFU; None = table for known GPUs
+    force: bool = False                   # run on a CPU/MPS even when the estimate says more than a day
 
     def __post_init__(self):
         if not (self.init_from in ("scratch", "resume") or self.init_from.endswith(".pt")
@@ -127,7 +128,9 @@ def grad_accum_steps(total_batch_size, batch_size, block_size, world_size):
     if total_batch_size < per_micro or total_batch_size % per_micro:
         raise ConfigError(
             f"total_batch_size = {total_batch_size} tokens is not a multiple of batch_size * block_size"
-            f" * world_size = {batch_size} * {block_size} * {world_size} = {per_micro}"
+            f" * world_size = {batch_size} * {block_size} * {world_size} = {per_micro}: set --total_batch_size to a "
+            f"multiple of {per_micro} (e.g. {max(1, round(total_batch_size / per_micro)) * per_micro}), or a "
+            f"batch_size or block_size whose product divides it"
         )
     return total_batch_size // per_micro
 
@@ -256,6 +259,7 @@ def main(argv):
     log = RunLog(cfg, model_cfg, s, trainer, device, ptdtype, world_size, data, start_step, rank == 0)
     train_mode, val_mode = (cfg.train_mode, cfg.val_mode) if model_cfg.t2mlr else (None, None)
     optimizer, scaler = trainer.optimizer, trainer.scaler
+    stop = StopRequest(master=rank == 0)     # Ctrl-C, SIGTERM: finish the step, save it, exit (below)
     # ---- the loop: exactly max_iters optimizer steps, an evaluation and save after every eval_interval ------
     for step in range(start_step, cfg.max_iters + 1):
         last = step == cfg.max_iters     # the step a run resumed from was evaluated before it was saved
@@ -270,6 +274,13 @@ def main(argv):
                            tokenizer=data.tokenizer, model_config=asdict(model_cfg), train_config=asdict(cfg))
         if last:
             break
+        if stop.agreed(ddp, device):   # asked to stop (any rank): every rank stops here, rank 0 saves this step
+            ranks = gather(rng_states(data_gen), ddp, world_size)
+            if rank == 0:
+                save_state(trainer, step, ranks, best_val_loss=best_val, val_loss=None,
+                           tokenizer=data.tokenizer, model_config=asdict(model_cfg), train_config=asdict(cfg))
+            log.stopped(step, trainer.ckpt_path, resume_command(argv, ddp, world_size))
+            return finish(ddp, lock, exit_code=130)
         t0, passes, lr = time.time(), [], get_lr(step, cfg)
         for group in optimizer.param_groups:          # the schedule's LR times each group's scale (the gate's m)
             group["lr"] = lr * group["lr_scale"]
@@ -284,6 +295,8 @@ def main(argv):
                     loss = model(x, y, mode=train_mode)[1]         # T²MLR: its middle passes counted
                 loss_sum += loss.detach()
                 scaler.scale(loss / grad_accum).backward()
+            if step == start_step and micro == 0:     # the first micro-step's time, the ETA (a long first step)
+                log.first_step(time.time() - t0, grad_accum)
         train_loss = check_finite(mean_over_ranks(loss_sum / grad_accum, ddp), step, trainer.ckpt_path)
         scaler.unscale_(optimizer)                    # clip the true gradients, not fp16-scaled ones
         grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or math.inf)
@@ -302,16 +315,25 @@ def distributed_ranks():
     return True, *(int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
 
 
-def finish(ddp, lock):
+def finish(ddp, lock, exit_code=0):
     """Release the out_dir; under DDP leave the process group and exit (after a clean run gloo sometimes
-    aborts at interpreter teardown; exiting now avoids it)."""
+    aborts at interpreter teardown; exiting now avoids it). exit_code != 0 (a stopped run): exit with it."""
     if lock is not None:
         lock.close()
     if ddp:
         dist.destroy_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(exit_code)
+    if exit_code:
+        sys.exit(exit_code)
+
+
+def resume_command(argv, ddp, world_size):
+    """The command that continues this run: the same arguments with --init_from=resume."""
+    args = [a for a in argv if not a.startswith("--init_from=")] + ["--init_from=resume"]
+    launcher = f"torchrun --standalone --nproc_per_node={world_size} train.py" if ddp else "python train.py"
+    return " ".join([launcher] + args)
 
 
 def setup_device(cfg, ddp, local_rank):

@@ -282,6 +282,205 @@ def worker(out, log=print):
             os.remove(lock)
 
 
+# -----------------------------------------------------------------------------
+# The report: tables, paired intervals and figures of the finished runs
+
+def load_runs(out):
+    """{(arm, depth): {seed: run dict}} of the finished runs in `out` (depth: K, or L for vanilla)."""
+    runs = {}
+    for name in sorted(os.listdir(out)):
+        if name.endswith(".json") and name.split("_")[0] in ARMS:
+            with open(os.path.join(out, name)) as f:
+                r = json.load(f)
+            if r["seed"] in TEST_SEEDS:
+                runs.setdefault((r["arm"], r["K"] or r["layers"]), {})[r["seed"]] = r
+    return runs
+
+
+def paired(a, b, key):
+    """paired_stats of runs a - b ({seed: run}) on run[key] (a number), over the seeds both have."""
+    from studies.reproduce.stats import paired_stats
+    if not set(a) & set(b):
+        return None
+    return paired_stats({s: float(r[key]) for s, r in a.items()}, {s: float(r[key]) for s, r in b.items()})
+
+
+def summarise(runs):
+    """The report's dict: per arm the seeds' steps to learn, fraction learned and final accuracy; depth
+    (3-layer stack vs base at K = 4), the state passings against each other at K = 2 and 4 (paired by
+    seed), and loops at test time (accuracy at K' minus at the trained K = 4, paired by seed)."""
+    arms = {f"{arm} {'L' if arm == 'vanilla' else 'K'}={d}": dict(
+        seeds=sorted(rs), steps_to_learn=[rs[s]["steps_to_learn"] for s in sorted(rs)],
+        learned=[rs[s]["learned"] for s in sorted(rs)], final=[rs[s]["final_accuracy"] for s in sorted(rs)],
+        minutes=[rs[s]["minutes"] for s in sorted(rs)]) for (arm, d), rs in sorted(runs.items())}
+    get = lambda arm, d: runs.get((arm, d), {})
+    comparisons = {}
+    pairs = [("3-layer stack - base K=4", ("base", 1), ("base", 4))]
+    for K in (2, 4):
+        pairs += [(f"mesh - base K={K}", ("mesh", K), ("base", K)),
+                  (f"anchor - base K={K}", ("anchor", K), ("base", K)),
+                  (f"mesh - anchor K={K}", ("mesh", K), ("anchor", K))]
+    for label, a, b in pairs:
+        comparisons[label] = {key: paired(get(*a), get(*b), key) for key in ("steps_to_learn", "final_accuracy")}
+    test_time = {}
+    for arm in ("base", "anchor", "mesh"):
+        rs = get(arm, 4)
+        if not rs:
+            continue
+        from studies.reproduce.stats import paired_stats
+        test_time[arm] = {k: dict(mean=sum(r["test_time_K"][k] for r in rs.values()) / len(rs),
+                                  vs_trained=paired_stats({s: r["test_time_K"][k] for s, r in rs.items()},
+                                                          {s: r["test_time_K"]["4"] for s, r in rs.items()}))
+                          for k in map(str, TEST_KS)}
+    return dict(arms=arms, comparisons=comparisons, test_time_K=test_time)
+
+
+def interval(stats, fmt="{:+.0f}"):
+    """'+d [lo, hi] (n)' of a paired_stats dict, '—' without one."""
+    if stats is None:
+        return "—"
+    ci = "" if stats["ci"] is None else " [" + ", ".join(fmt.format(v) for v in stats["ci"]) + "]"
+    return f"{fmt.format(stats['diff'])}{ci} (n = {stats['n']})"
+
+
+def markdown(doc):
+    lines = ["| arm | seeds | learned | steps to learn (each seed; 6000 = never) | final accuracy |",
+             "|---|---|---|---|---|"]
+    for name, a in doc["arms"].items():
+        lines.append(f"| {name} | {len(a['seeds'])} | {sum(a['learned'])}/{len(a['seeds'])} | "
+                     f"{', '.join(map(str, a['steps_to_learn']))} | "
+                     f"{', '.join(f'{v:.3f}' for v in a['final'])} |")
+    lines += ["", "| paired by seed | steps to learn, Δ [95% t interval] | final accuracy, Δ [95%] |",
+              "|---|---|---|"]
+    for label, c in doc["comparisons"].items():
+        lines.append(f"| {label} | {interval(c['steps_to_learn'])} | "
+                     f"{interval(c['final_accuracy'], '{:+.3f}')} |")
+    if doc["test_time_K"]:
+        ks = list(map(str, TEST_KS))
+        lines += ["", "| trained at K = 4, run at K' | " + " | ".join(ks) + " |", "|---|" + "---|" * len(ks)]
+        for arm, t in doc["test_time_K"].items():
+            lines.append(f"| {arm} | " + " | ".join(f"{t[k]['mean']:.3f}" for k in ks) + " |")
+        lines += ["", "| K' minus K = 4, paired | " + " | ".join(ks) + " |", "|---|" + "---|" * len(ks)]
+        for arm, t in doc["test_time_K"].items():
+            lines.append(f"| {arm} | " + " | ".join(interval(t[k]["vs_trained"], "{:+.3f}") for k in ks) + " |")
+    return "\n".join(lines)
+
+
+def figures(runs, doc, out):
+    """phop_steps.png (steps to learn per arm and seed) and phop_test_time_K.png (accuracy against K')."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    names = list(doc["arms"])
+    for i, name in enumerate(names):
+        a = doc["arms"][name]
+        ax.scatter([i] * len(a["steps_to_learn"]), a["steps_to_learn"], c=["C2" if l else "C3" for l in a["learned"]],
+                   s=28, zorder=3)
+    ax.axhline(STEPS, color="C3", lw=0.8, ls="--")
+    ax.text(len(names) - 0.5, STEPS, "never (counted at 6000)", color="C3", ha="right", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("steps to accuracy >= 0.9")
+    ax.set_title(f"p-hop induction (p = {P}, n = {N}): steps to learn, one dot a seed (green learned)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "phop_steps.png"), dpi=120)
+    plt.close(fig)
+    if doc["test_time_K"]:
+        fig, ax = plt.subplots(figsize=(5.5, 3.6))
+        for arm, t in doc["test_time_K"].items():
+            ax.plot(TEST_KS, [t[str(k)]["mean"] for k in TEST_KS], marker="o", label=arm)
+            for r in runs[(arm, 4)].values():
+                ax.plot(TEST_KS, [r["test_time_K"][str(k)] for k in TEST_KS], alpha=0.2, lw=0.8,
+                        color=ax.lines[-1].get_color())
+        ax.axvline(4, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("loops at test time K' (trained at K = 4)")
+        ax.set_ylabel("accuracy (scored positions)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "phop_test_time_K.png"), dpi=120)
+        plt.close(fig)
+
+
+def probe(out, ckpt_dir="out/phop", K=4, n_words=64):
+    """What the loops do, on the models trained at K (base, anchor, MeSH; every finished test seed), over the
+    first n_words evaluation words: each loop's relative update 2‖f(h) − h‖ / (‖f(h)‖ + ‖h‖) (MeSH §4.1's
+    skew, studies/probe.py), linear CKA between the states of consecutive loops h(t), h(t+1), and for MeSH
+    each step's read and write entropy and slot usage (studies.probe.router_usage). Writes out/probe.json
+    and out/phop_probe.png; returns the dict."""
+    from studies.probe import router_usage, run_probe
+    X, _ = eval_set(N, P)
+    X = X[:n_words]
+    result = {}
+    for arm in ("base", "anchor", "mesh"):
+        for seed in TEST_SEEDS:
+            path = os.path.join(ckpt_dir, run_name(arm, K, None, P, N, seed) + ".pt")
+            if not os.path.exists(os.path.join(out, run_name(arm, K, None, P, N, seed) + ".json")):
+                continue
+            ckpt = load_checkpoint(path)
+            model = GPT(model_config(arm, K, None, N, ckpt["spec"]["width"]))
+            model.load_state_dict(ckpt["model"])
+            model.eval()
+            r = run_probe(model, X, batch_size=16)
+            states = r["cka"]["states"]
+            loops = [states.index(f"h({t})") for t in range(K + 1)]
+            row = {"update": {b: m for b, m in zip(r["skew"]["blocks"], r["skew"]["mean"]) if b.startswith("core")},
+                   "cka_next": [r["cka"]["linear"][a][b] for a, b in zip(loops, loops[1:])],
+                   "effective_rank": {n: r["spectra"]["effective_rank"][n][0] for n in states}}
+            if arm == "mesh":
+                row["routing"] = router_usage(model, X)
+            result.setdefault(arm, {})[str(seed)] = row
+    with open(os.path.join(out, "probe.json"), "w") as f:
+        json.dump(dict(result, command="python -m studies.phop --probe"), f, indent=1)
+    plot_probe(result, K, out)
+    return result
+
+
+def plot_probe(result, K, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for i, (arm, seeds) in enumerate(result.items()):
+        for j, row in enumerate(seeds.values()):
+            kw = dict(color=f"C{i}", alpha=0.7, marker="o", label=arm if j == 0 else None)
+            axes[0].plot(range(K), [row["update"][f"core{t}"] for t in range(K)], **kw)
+            axes[1].plot(range(K), row["cka_next"], **kw)
+    axes[0].set(xlabel="loop t", ylabel="relative update of the core", title="how much each loop changes h(t)")
+    axes[1].set(xlabel="loop t", ylabel="linear CKA(h(t), h(t+1))", title="loop-to-loop similarity")
+    for ax in axes[:2]:
+        ax.set_xticks(range(K))
+        ax.legend(fontsize=8)
+    mesh = result.get("mesh", {})
+    for j, row in enumerate(mesh.values()):
+        for kind, style in (("write", "-"), ("read", "--")):
+            axes[2].plot([s["entropy"] for s in row["routing"][kind]], style, color="C2", alpha=0.7,
+                         marker="o", label=kind if j == 0 else None)
+    if mesh:
+        n_slots = next(iter(mesh.values()))["routing"]["n_slots"]
+        axes[2].axhline(math.log(n_slots), color="grey", ls=":", lw=0.8)
+        axes[2].text(0, math.log(n_slots), f"uniform over {n_slots} slots", fontsize=8, va="bottom")
+        axes[2].set(xlabel="step s (0 transitional, t + 1 loop t)", ylabel="entropy (nats)",
+                    title="MeSH routers: entropy over slots")
+        axes[2].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "phop_probe.png"), dpi=120)
+    plt.close(fig)
+
+
+def report(out):
+    """Write out/report.json, out/report.md and the figures from the finished runs; print the markdown."""
+    runs = load_runs(out)
+    doc = summarise(runs)
+    doc["command"] = "python -m studies.phop --report"
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    text = markdown(doc)
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(text + "\n")
+    figures(runs, doc, out)
+    print(text)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -297,6 +496,7 @@ def main(argv=None):
     ap.add_argument("--plan", action="store_true", help="print the study's runs")
     ap.add_argument("--worker", action="store_true", help="run the plan's unfinished runs")
     ap.add_argument("--report", action="store_true", help="tables and figures of the finished runs")
+    ap.add_argument("--probe", action="store_true", help="what the loops do, on the finished K = 4 runs")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     for name, value, low in (("K", args.K, 1), ("layers", args.layers, 1), ("p", args.p, 1),
@@ -309,8 +509,9 @@ def main(argv=None):
     elif args.worker:
         worker(args.out)
     elif args.report:
-        from studies.phop_report import report
         report(args.out)
+    elif args.probe:
+        probe(args.out)
     elif args.arm is None:
         ap.error("give --arm (one run), --plan, --worker or --report")
     else:

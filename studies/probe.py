@@ -197,6 +197,25 @@ def t2mlr_probe(model, idx):
     return units, units_no_state, states
 
 
+@torch.no_grad()
+def router_usage(model, idx):
+    """MeSH's routing (MeSH §3.2): for each step s (0 the transitional step, t + 1 loop t) and each of the
+    write and read routers, the entropy of its softmax over the n_slots slots (nats, mean over tokens; log
+    n_slots is uniform, 0 one slot) and the mean weight each slot gets. idx (B, T) ->
+    {"write": [{"entropy", "slots"} per step], "read": [...], "n_slots"}."""
+    routers = {"write": list(model.mesh.write_routers), "read": list(model.mesh.read_routers)}
+    with Taps([r for rs in routers.values() for r in rs]) as taps:
+        model(idx)
+    out = {"n_slots": model.mesh.n_slots}
+    for kind, rs in routers.items():
+        out[kind] = []
+        for router in rs:
+            w = torch.softmax(taps.calls[router][0][1].double(), dim=-1).flatten(0, 1)     # (B*T, n_slots)
+            entropy = -(w * w.clamp_min(1e-300).log()).sum(-1).mean().item()
+            out[kind].append({"entropy": entropy, "slots": w.mean(0).tolist()})
+    return out
+
+
 # -----------------------------------------------------------------------------
 # Running the probe over many sequences
 

@@ -17,7 +17,7 @@ The model runs exactly, token by token, through its own KV cache (GPT.forward wi
 is the state the next token reads): an ablation sets cache.R = 0 before the tokens it resets, nothing inside
 the model changes. Reported: the mean loss per token (nats) of each ablation and its increase over "none";
 for "reset at p", the increase by distance t - p; with --accuracy, the next-token accuracy too.
-tests/test_state_probe.py checks each ablation against a direct loop.
+studies/tests/test_state_probe.py checks each ablation against a direct loop.
 """
 
 import argparse

@@ -401,8 +401,9 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
                     row["sign_at_length"] = sign_accuracy(pred[:, L - 1], states[:, L - 1], odd)
             row |= {k: v for k, v in gate_values(model).items() if k == "theta_r"}
             state["curve"].append(row)
-            log(f"  step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step")
-                + f", {state['seconds']:.0f} s")
+            eta = state["seconds"] / max(step, 1) * (end - step)        # at the mean step time so far
+            log(f"  step {step}/{end}: " + ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step")
+                + f", {state['seconds']:.0f} s, ETA {eta / 60:.1f} min")
             save_state(trainer, step, [rng_states()], spec=json.dumps(spec), state=json.dumps(state))
         if step == end:
             break
@@ -977,7 +978,9 @@ def run_study(size, paths, command, report_only=False, stages=STAGES, log=print,
                      if group in (None, spec["group"])]
             trained = False                                      # a run of this group trained here
             for i, spec in enumerate(specs):
-                log(f"[{stage} {i + 1}/{len(specs)}, {(time.time() - t_start) / 60:.1f} min]")
+                done_min = (time.time() - t_start) / 60
+                eta = f", ETA {done_min / i * (len(specs) - i):.0f} min at the mean run so far" if i else ""
+                log(f"[{stage} {i + 1}/{len(specs)}, {done_min:.1f} min{eta}]")
                 trained |= not os.path.exists(run_json(paths, spec))
                 run_locked(spec, paths, log, size.get("device", "cpu"))
                 if trained and (i + 1 == len(specs) or spec["group"] != specs[i + 1]["group"]):

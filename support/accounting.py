@@ -145,12 +145,12 @@ def exact_training_flops_per_token(model_cfg) -> float:
                                                  jacobi_tol=0.0, jacobi_checkpoint=False, jacobi_init="zero")))
 
 
-def main(argv=None):
-    """`python model.py config/<name>.py [--key=value]`: print the summary. Config files hold training keys
-    too: they are skipped here (train.py checks them), so train.py is not imported."""
-    from configurator import ConfigError, load_config
+def main(load_config, argv=None):
+    """`python model.py config/<name>.py [--key=value]`: print the summary. load_config is the
+    configurator's (passed in: support/ imports no script). Config files hold training keys too: they are
+    skipped here (train.py checks them), so train.py is not imported."""
     try:
         (model_cfg,), _ = load_config(sys.argv[1:] if argv is None else argv, GPTConfig, skip_unknown=True)
-    except (ConfigError, ValueError) as e:
+    except ValueError as e:                          # ConfigError is a ValueError
         sys.exit(f"error: {e}")
     print(summary(model_cfg))

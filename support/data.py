@@ -58,7 +58,10 @@ def load_meta(data_dir, block_size, tokenizer=None, needs=()):
                 f"is incomplete, re-run `{prepare_command(data_dir)}`"
             )
         if n < block_size + 1:          # one window needs block_size inputs plus the next token as target
-            raise RunError(f"the {split} split has {n} tokens, fewer than block_size + 1 = {block_size + 1}")
+            more = "--val_fraction (more validation tokens)" if split == "val" else "more data"
+            raise RunError(f"block_size = {block_size} needs at least {block_size + 1} tokens in each split, but "
+                           f"{bin_path} has {n}: set --block_size <= {n - 1}, or re-run prepare_data.py with "
+                           f"{more}")
         CHECKED[os.path.abspath(bin_path)] = file_identity(stat)
     return meta
 
@@ -106,12 +109,14 @@ def read_meta(path, data_dir, needs=()) -> dict:
 def check_token_ids(data_dir, meta, vocab_size, chunk=1 << 24):
     """Raise RunError when data_dir's train.bin or val.bin (described by `meta`, load_meta's dict) holds a
     token id the tokenizer cannot produce: one >= vocab_size, the size of its vocabulary (meta["vocab_size"]
-    for the tokenizer that made the data). Uses meta's max_token_id when meta.json records it; else scans
-    both files, `chunk` tokens at a time (one pass over the data, about a second per GB from the page cache).
-    The message names the file, the id, its position and vocab_size."""
+    for the tokenizer that made the data). Uses meta's max_token_id when meta.json records it and both files
+    still have the size and mtime it recorded for them ("files", written by prepare_data.py); else (a file
+    changed since, or an older meta.json) scans both files, `chunk` tokens at a time (one pass over the
+    data, about a second per GB from the page cache). The message names the file, the id, its position
+    and vocab_size."""
     made = f"the {meta['tokenizer']} tokenizer" if "tokenizer" in meta else "this vocabulary"
     redo = f"the data was not made with {made}; re-run `{prepare_command(data_dir)}`"
-    if "max_token_id" in meta:
+    if "max_token_id" in meta and bins_unchanged(data_dir, meta):
         if meta["max_token_id"] >= vocab_size:
             raise RunError(f"{os.path.join(data_dir, 'meta.json')} records max_token_id {meta['max_token_id']}, "
                            f"but the vocabulary has {vocab_size} ids (0 to {vocab_size - 1}): {redo}")
@@ -125,6 +130,19 @@ def check_token_ids(data_dir, meta, vocab_size, chunk=1 << 24):
                 at = int(np.argmax(block >= vocab_size))
                 raise RunError(f"{path} holds token id {block[at]} at position {start + at}, but the vocabulary "
                                f"has {vocab_size} ids (0 to {vocab_size - 1}): {redo}")
+
+
+def bins_unchanged(data_dir, meta) -> bool:
+    """Whether train.bin and val.bin have the size and mtime meta.json recorded when prepare_data.py wrote
+    them (False when it recorded none: an older meta.json)."""
+    recorded = meta.get("files")
+    if not isinstance(recorded, dict):
+        return False
+    for name in ("train.bin", "val.bin"):
+        st = os.stat(os.path.join(data_dir, name))
+        if recorded.get(name) != [st.st_size, st.st_mtime_ns]:
+            return False
+    return True
 
 
 # os.stat identity (file_identity) of every .bin file load_meta checked, by absolute path: get_batch refuses a

@@ -307,7 +307,16 @@ def hub_address():
     return hub.hostname, hub.port or (443 if hub.scheme in ("https", "") else 80)
 
 
+def with_device(argv):
+    """lm_eval's arguments with `--device` set to the best device here (support.runtime.resolve_device's
+    'auto') when none is given: lm_eval's own default, cuda:0, fails on a machine without a GPU."""
+    if any(a == "--device" or a.startswith("--device=") for a in argv):
+        return argv
+    return argv + ["--device", resolve_device("auto")]
+
+
 if __name__ == "__main__":      # lm_eval's command line, with "nanomesh" registered
     from lm_eval.__main__ import cli_evaluate
+    sys.argv = [sys.argv[0]] + with_device(sys.argv[1:])
     offline_when_unreachable()
     exit_on_error(cli_evaluate)

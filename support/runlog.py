@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from support.accounting import exact_training_flops_per_token, param_counts, train_flops_per_token
 from support.data import get_batch
-from support.runtime import peak_flops
+from support.runtime import RunError, peak_flops
 
 SLOW_RUN_SECONDS = 24 * 3600     # a run estimated longer than this on a CPU or MPS is pointed at the quick start
 
@@ -55,6 +55,9 @@ class RunLog:
         print(f"config (given): {s.given_values}")
         print(f"device {device}, dtype {str(ptdtype).removeprefix('torch.')}, compile {trainer.compiled}, "
               f"world size {world_size}")
+        if trainer.compiled:
+            print("compile: torch.compile traces the model during the first step (about a minute; longer for "
+                  "T²MLR's Jacobi sweeps); the step times after it are the real ones")
         print(f"params: total {counts['total']:,}, non-embedding {counts['non_embedding']:,}, unrolled depth "
               f"{model_cfg.n_unrolled} layers, {self.flops_per_token:.3g} train FLOPs/token")
         print(f"batch: {cfg.total_batch_size:,} tokens/step = {cfg.batch_size} seqs x {T} tokens x {world_size}"
@@ -75,12 +78,31 @@ class RunLog:
             with open(self.log_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
-    def warn_if_slow(self, seconds):
-        """Once: a run estimated at more than a day on a CPU or MPS gets one line pointing to the quick start."""
-        if self.master and not self.warned and not self.device.startswith("cuda") and seconds > SLOW_RUN_SECONDS:
-            self.warned = True
-            tqdm.write(f"warning: at this speed the run would take about {seconds / 86400:.0f} days on "
-                       f"{self.device}; the CPU quick start (README) trains config/tiny_*.py in minutes")
+    def check_estimate(self, seconds, what):
+        """A run estimated (from `what`, a timing in words) at more than a day on a CPU or MPS stops here with
+        one line naming the tiny configs, unless --force; with it, it says so once and goes on. GPU runs are
+        never stopped by the estimate."""
+        if self.device.startswith("cuda") or seconds <= SLOW_RUN_SECONDS or self.warned:
+            return
+        self.warned = True
+        days = f"about {seconds / 86400:.0f} days on {self.device} ({what})"
+        if not self.cfg.force:
+            raise RunError(f"at this speed the run would take {days}: on a CPU train config/tiny_mesh.py or "
+                           f"another config/tiny_*.py (minutes; the README's CPU quick start), or pass --force "
+                           f"to run this one anyway")
+        if self.master:
+            tqdm.write(f"warning: the run would take {days}; running anyway (--force)")
+
+    def first_step(self, micro_seconds, grad_accum):
+        """After the first micro-step of this launch: its time, the step's estimate and the run's ETA, before
+        a long silent first step (mesh_160m accumulates 1,024 micro-steps on one CPU)."""
+        step_s = micro_seconds * grad_accum
+        eta = step_s * (self.cfg.max_iters - self.start_step)
+        if self.master:
+            tqdm.write(f"first micro-step {micro_seconds:.2f} s (compile included, if on): about {step_s:.1f} s a "
+                       f"step of {grad_accum} micro-steps, ETA {eta / 3600:.1f} h for "
+                       f"{self.cfg.max_iters - self.start_step} steps")
+        self.check_estimate(eta, f"{step_s:.1f} s a step")
 
     def val_batches(self, data, pass_counter):
         """This rank's fixed val windows in batches (a progress bar while they run). The first evaluation times
@@ -88,11 +110,15 @@ class RunLog:
         cfg, T, windows = self.cfg, self.model_cfg.block_size, data.val_windows
         starts = range(0, len(windows), cfg.batch_size)
         t0 = time.time()
+        if self.master and self.n_evals == 0:
+            tqdm.write(f"evaluating: {len(starts)} batches of fixed val windows")
         for i in tqdm(starts, desc="evaluating", leave=False, disable=not self.show_bars):
             if i == cfg.batch_size and self.n_evals == 0:     # one batch done: forward seconds per token
                 per_token = (time.time() - t0) / (cfg.batch_size * T)
                 train_tokens = cfg.total_batch_size * (cfg.max_iters - self.start_step) / self.world_size
-                self.warn_if_slow(per_token * (3 * train_tokens + len(windows) * T * (cfg.max_iters // cfg.eval_interval + 1)))
+                evals = len(windows) * T * (cfg.max_iters // cfg.eval_interval + 1)
+                self.check_estimate(per_token * (3 * train_tokens + evals), f"{per_token * 1e3:.2f} ms a "
+                                    f"token forward")
             if pass_counter is not None:              # from 0 in each forward, as in training
                 pass_counter.n = 0
             yield get_batch(data.val_path, data.dtype, windows[i:i + cfg.batch_size], T, self.device)
@@ -131,12 +157,17 @@ class RunLog:
         per_step = (time.time() - self.t_start - self.eval_seconds) / (step + 1 - self.start_step)
         evals_left = (cfg.max_iters - 1) // cfg.eval_interval - step // cfg.eval_interval + 1
         eta = per_step * (cfg.max_iters - step - 1) + self.eval_seconds / max(self.n_evals, 1) * evals_left
-        self.warn_if_slow(eta)
         mfu = f"MFU {100 * row['mfu']:.1f}%" if self.peak else f"{row['flops'] / 1e12:.3g} TFLOP/s"
         passes = (f", {'Jacobi' if cfg.train_mode == 'jacobi' else 'token'} passes {row['jacobi_passes']:.2f}"
                   if self.t2mlr else "")
         self.write(row, f"step {step}: loss {row['loss']:.4f}, lr {lr:.3g}, grad norm {row['grad_norm']:.3f}, "
                         f"{row['ms']:.0f} ms, {tok_s:,.0f} tok/s, {mfu}{passes}, ETA {eta / 60:.1f} min")
+
+    def stopped(self, step, ckpt_path, command):
+        """A run stopped by a signal: one line naming the step saved and the command that resumes it."""
+        self.bar.close()
+        if self.master:
+            print(f"stopped at step {step} (saved in {ckpt_path}); resume with: {command}", flush=True)
 
     def done(self, best_val, ckpt_path):
         self.bar.close()

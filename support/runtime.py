@@ -3,9 +3,12 @@ Where a script runs: the device, the autocast dtype, the mixed-precision context
 and RunError, the one-line error of a run (train.py, sample.py, the studies).
 """
 
+import os
+import signal
 from contextlib import nullcontext
 
 import torch
+import torch.distributed as dist
 
 from support.config import ConfigError
 
@@ -81,3 +84,33 @@ def resolve_dtype(name, device_type):
 def autocast_context(device_type, dtype):
     """Mixed precision for the forward pass; a no-op in fp32. The model computes the loss in fp32."""
     return nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
+
+
+class StopRequest:
+    """SIGINT (Ctrl-C) and SIGTERM (what a cluster scheduler, or torchrun passing one on, sends) ask the
+    run to stop: the handler only sets a flag, so a step, an evaluation or a checkpoint being written is
+    never cut in half (a second Ctrl-C while saving is noted, not obeyed). The loop asks agreed() once a
+    step; under DDP one all-reduce makes every rank stop at the same step."""
+
+    def __init__(self, master=True):
+        self.flag, self.master, self.pid = False, master, os.getpid()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self.handle)
+
+    def handle(self, signum, frame):
+        if os.getpid() != self.pid:      # a forked helper (torch.compile's workers): the default action
+            signal.signal(signum, signal.SIG_DFL)
+            return os.kill(os.getpid(), signum)
+        if self.master:
+            again = " (again: the checkpoint is being made whole, wait)" if self.flag else ""
+            print(f"\n{signal.Signals(signum).name}{again}: stopping after this step and saving it",
+                  flush=True)
+        self.flag = True
+
+    def agreed(self, ddp, device) -> bool:
+        """Whether any rank was asked to stop (on one process: this one)."""
+        if not ddp:
+            return self.flag
+        flag = torch.tensor([float(self.flag)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())

@@ -185,9 +185,11 @@ def get_tokenizer(name):
     except Exception as e:  # offline: a requests ConnectionError to tiktoken's file host
         cache = os.environ.get("TIKTOKEN_CACHE_DIR", "<unset>")
         reason = " ".join(str(e).split())[:160]
+        fill = "python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\""
         raise DataError(
-            "tiktoken could not load the gpt2 vocabulary (offline?): set TIKTOKEN_CACHE_DIR to the "
-            "absolute path of a folder holding the cached files, e.g. shared/tiktoken_cache (now "
-            f"TIKTOKEN_CACHE_DIR={cache}), or use --tokenizer byte [{type(e).__name__}: {reason}]"
+            f"tiktoken could not load the gpt2 vocabulary (offline?): online, `{fill}` downloads it once; "
+            f"offline, run `TIKTOKEN_CACHE_DIR=$PWD/tiktoken_cache {fill}` on a machine with internet, copy "
+            f"that folder here and set TIKTOKEN_CACHE_DIR to its absolute path (now TIKTOKEN_CACHE_DIR="
+            f"{cache}); or use --tokenizer byte [{type(e).__name__}: {reason}]"
         ) from e
     return TiktokenTokenizer(encoding)

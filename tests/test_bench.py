@@ -12,6 +12,7 @@ import torch
 import bench
 
 
+@pytest.mark.slow
 def test_bench_runs_and_writes_every_key(tmp_path, capsys):
     out = tmp_path / "bench.json"
     bench.main(["--repeats", "1", "--warmup", "0", "--batch_size", "1", "--seq_len", "64", "--out", str(out),
@@ -40,8 +41,15 @@ def test_bench_runs_and_writes_every_key(tmp_path, capsys):
     # tol 0: sweeps to the exactness front, T passes
     for p in r["jacobi_prefill"]:
         assert p["passes"] == p["tokens"] and p["max_logit_diff"] < 1e-3 and p["ratio"] > 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "| vanilla |" in printed and "| 24 tokens | 24 |" in printed
+    # every target line: what was measured, the target, met or not, and why it matters
+    for key, desc, bound, op, why in bench.TARGETS:
+        line = next(row for row in printed.splitlines() if row.startswith(f"| {desc} |"))
+        assert f"{op} " in line and why in line and (("| met |" in line) == r["targets"][key]["met"])
+    for stage in ("1/5 training steps", "2/5 decoding", "3/5 exact prefill", "4/5 Jacobi prefill"):
+        assert stage in captured.err                 # the progress bars (stderr)
 
 
 class LinearChain(torch.nn.Module):

@@ -3,8 +3,8 @@ Tests for prepare_data.py and support/tokenizers.py: CPU only, offline, a few se
 
     python -m pytest -q tests/test_data.py
 
-The GPT-2 tests use the offline tiktoken cache and the real FineWeb sample in ../shared (the repository is
-cloned with `shared` beside it); they are skipped, with the reason, when that folder is missing.
+The GPT-2 tests read the GPT-2 vocabulary from TIKTOKEN_CACHE_DIR and real FineWeb records from the folder
+NANOMESH_FINEWEB_SAMPLE; they are skipped, with the reason, when either is not set.
 """
 
 import gzip
@@ -16,25 +16,25 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-if "TIKTOKEN_CACHE_DIR" not in os.environ:  # before the first tiktoken.get_encoding call
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken_cache")
 
 import prepare_data as pd  # noqa: E402  (after the environment variable is set)
 from prepare_data import main  # noqa: E402
 from support.tokenizers import ByteTokenizer, DataError, get_tokenizer  # noqa: E402
 
-FINEWEB = SHARED / "data" / "fineweb_edu"
-needs_fineweb = pytest.mark.skipif(not FINEWEB.is_dir(), reason=f"shared data folder missing: {FINEWEB}")
+# A folder of FineWeb(-Edu) .jsonl records and the GPT-2 vocabulary cached for offline use (docs/tests.md)
+FINEWEB = Path(os.environ.get("NANOMESH_FINEWEB_SAMPLE", "<unset>"))
+needs_fineweb = pytest.mark.skipif(
+    not FINEWEB.is_dir(), reason="set NANOMESH_FINEWEB_SAMPLE to a folder of FineWeb .jsonl records")
 needs_gpt2_cache = pytest.mark.skipif(
-    not Path(os.environ["TIKTOKEN_CACHE_DIR"]).is_dir(),
-    reason=f"no offline GPT-2 vocabulary at TIKTOKEN_CACHE_DIR={os.environ['TIKTOKEN_CACHE_DIR']}")
+    not Path(os.environ.get("TIKTOKEN_CACHE_DIR", "<unset>")).is_dir(),
+    reason="set TIKTOKEN_CACHE_DIR to a folder holding the GPT-2 vocabulary (docs/data.md)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,7 +124,8 @@ def test_missing_tiktoken_vocab_names_cache_env(monkeypatch):
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
     with pytest.raises(DataError, match="TIKTOKEN_CACHE_DIR") as e:
         get_tokenizer("gpt2")
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and "shared" not in str(e.value)
+    assert "online" in str(e.value) and "offline" in str(e.value)       # how to get it, either way
     with pytest.raises(DataError, match="gpt2"):
         get_tokenizer("gpt3")
 
@@ -170,6 +171,29 @@ def test_meta_max_token_id_is_the_largest_id_in_the_files(tmp_path, monkeypatch,
     written = np.concatenate([load_split(folder, "train"), load_split(folder, "val")])
     assert json.loads((folder / "meta.json").read_text())["max_token_id"] == written.max()
     assert meta["max_token_id"] == max(max(t.encode("utf-8")) for t in texts) + 1
+
+
+def test_a_bin_changed_after_preparation_has_its_ids_checked_again(tmp_path, monkeypatch):
+    """meta.json records each .bin's size and mtime: while they hold, max_token_id is trusted (no scan); a
+    val.bin rewritten afterwards (same size, an id 257 the byte tokenizer cannot make) is scanned and
+    refused, naming the file and prepare_data.py."""
+    from support.data import check_token_ids
+    from support.runtime import RunError
+    src = write_jsonl(tmp_path / "in.jsonl", synthetic_texts(60, seed=4))
+    meta, folder = run(tmp_path / "out", "--input", src, "--tokenizer", "byte", "--num_proc", 1)
+    assert set(meta["files"]) == {"train.bin", "val.bin"}
+    scans = []
+    real_memmap = np.memmap
+    monkeypatch.setattr(np, "memmap", lambda *a, **k: scans.append(a[0]) or real_memmap(*a, **k))
+    check_token_ids(str(folder), meta, meta["vocab_size"])
+    assert scans == []                                       # unchanged: meta.json's max_token_id holds
+    val = np.fromfile(folder / "val.bin", dtype=meta["dtype"])
+    val[3] = 257
+    time.sleep(0.01)
+    val.tofile(folder / "val.bin")                           # the same size, a new mtime
+    with pytest.raises(RunError, match=r"val\.bin holds token id 257 at position 3, .*prepare_data\.py"):
+        check_token_ids(str(folder), meta, meta["vocab_size"])
+    assert len(scans) == 2
 
 
 # ---------------------------------------------------------------------------------------------

@@ -97,7 +97,8 @@ CASES = {
     "split too short": (
         "train.py",
         ["--dataset=short"],
-        r"the val split has 20 tokens, fewer than block_size \+ 1 = 33",
+        r"block_size = 32 needs at least 33 tokens in each split, but data/short/val\.bin has 20: set "
+        r"--block_size <= 19, or re-run prepare_data\.py with --val_fraction",
     ),
     "interrupted prepare": (
         "train.py",
@@ -129,7 +130,8 @@ CASES = {
         [],
         r"run/ckpt\.pt exists: continue it with --init_from=resume, or choose " r"another out_dir",
     ),
-    "sample: no checkpoint": ("sample.py", ["--out_dir=nothing"], r"no checkpoint at nothing/ckpt\.pt"),
+    "sample: no checkpoint": ("sample.py", ["--out_dir=nothing"], r"no checkpoint at nothing/ckpt\.pt "
+                              r"\(--out_dir=nothing\); no ckpt\.pt under out/: train one first"),
     "sample: not a checkpoint": (
         "sample.py",
         ["--out_dir=garbage"],

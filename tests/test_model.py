@@ -179,6 +179,7 @@ def test_optimizer_decays_only_matrices():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
+@pytest.mark.slow
 def test_summary_cli_prints_paper_counts():
     """`python model.py config/mesh_160m.py` prints 56,704,512 non-embedding and 23,070 router parameters."""
     out = subprocess.run([sys.executable, "model.py", "config/mesh_160m.py"], cwd=ROOT,
@@ -209,6 +210,7 @@ def test_summary_cli_prints_paper_counts():
         ),
     ],
 )
+@pytest.mark.slow
 def test_summary_cli_does_not_import_train(config, lines):
     """`python model.py config/x.py` reads the model keys and skips the training keys of the file without
     importing train.py (which imports model.py)."""
@@ -224,6 +226,7 @@ def test_summary_cli_does_not_import_train(config, lines):
         assert line in out.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_summary_cli_still_reports_a_misspelled_model_key():
     """Training keys are skipped, a near miss of a model key is still an error (configurator's
     skip_unknown)."""
@@ -391,6 +394,7 @@ GENERATE_VARIANTS = {"vanilla": dict(n_layer=2),
                      "t2mlr": dict(flavour="llama", mlp_hidden=48, n_layer=3, t2mlr=True, l_start=1, l_end=1)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [1, 2, 3, 4])
 @pytest.mark.parametrize("variant", list(GENERATE_VARIANTS))
 def test_generate_equals_full_recompute_over_the_window(variant, block_size):
@@ -508,6 +512,7 @@ def test_float64_model_has_float64_rotary_tables_and_loss():
     assert loss.dtype == torch.float64 and (loss - expected).abs() <= 1e-12
 
 
+@pytest.mark.slow
 def test_generate_marks_the_prompt_non_recurrent_by_default():
     """T²MLR generation: prompt c = 1, generated tokens c = 2 (the reference's control flow); the default and
     recurrent_prompt=True really differ, and each matches the exact forward with its control flow."""

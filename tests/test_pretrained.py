@@ -14,6 +14,8 @@ import types
 
 import numpy as np
 import pytest
+
+pytestmark = pytest.mark.slow      # the second tier: needs requirements-eval.txt
 import torch
 
 import prepare_data

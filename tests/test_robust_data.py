@@ -8,6 +8,7 @@ rewritten since load_meta checked it.
 """
 
 import json
+import time
 import os
 
 import numpy as np
@@ -84,21 +85,26 @@ def test_token_ids_are_checked_by_a_scan_in_chunks(tmp_path):
         check_token_ids(str(folder), meta, 257, chunk=7)
 
 
-def test_token_ids_are_checked_from_meta_json_when_it_records_them(tmp_path):
-    """With max_token_id in meta.json, the check reads it and not the files: 300 is refused for 257 ids even
-    though train.bin holds none above 127, and 127 passes for 257 although val.bin holds a 300."""
+def test_token_ids_are_checked_from_meta_json_while_the_files_are_as_recorded(tmp_path):
+    """With max_token_id in meta.json and the files' size and mtime as it recorded them, the check reads it and
+    not the files: 300 is refused for 257 ids though train.bin holds none above 127, and 127 passes. Once
+    val.bin is rewritten (a 300 in it), the files are scanned and the 300 is refused."""
+    from prepare_data import bin_fingerprints
     folder = tmp_path / "fox"
     write_dataset(folder)
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = json.loads((folder / "meta.json").read_text()) | {"files": bin_fingerprints(folder)}
     edit_meta(folder, json.dumps(meta | {"max_token_id": 300}))
     with pytest.raises(RunError, match=rf"^{folder}/meta.json records max_token_id 300, but the vocabulary has 257 "
                                        rf"ids \(0 to 256\)"):
         check_token_ids(str(folder), load_meta(str(folder), 32), 257)
-    val = np.fromfile(folder / "val.bin", dtype=np.uint16)
-    val[0] = 300
-    val.tofile(folder / "val.bin")
     edit_meta(folder, json.dumps(meta | {"max_token_id": 127}))
     check_token_ids(str(folder), load_meta(str(folder), 32), 257)
+    val = np.fromfile(folder / "val.bin", dtype=np.uint16)
+    val[0] = 300
+    time.sleep(0.01)
+    val.tofile(folder / "val.bin")
+    with pytest.raises(RunError, match=r"val\.bin holds token id 300 at position 0"):
+        check_token_ids(str(folder), load_meta(str(folder), 32), 257)
 
 
 def test_get_batch_refuses_a_file_rewritten_since_load_meta(tmp_path):

@@ -15,7 +15,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
-EVALUATION = {"support/harness.py", "studies/table1.py", "tests/test_harness.py", "tests/test_robust_evaluation.py"}
+EVALUATION = {"support/harness.py", "studies/table1.py", "tests/test_harness.py", "tests/test_pretrained.py",
+              "studies/tests/test_robust_evaluation.py", "studies/tests/test_table1.py"}
 
 
 def imported_modules(path):

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from studies import state_probe
 from support.checkpoints import save_checkpoint
 from support.runtime import RunError
 
@@ -77,16 +76,3 @@ def test_a_device_this_machine_lacks_is_one_line(tmp_path):
                            "(or 'auto', the best one here)")
 
 
-def test_state_probe_refuses_no_sequences_and_a_zero_length(tmp_path):
-    path = str(write_run(tmp_path / "t2mlr", flavour="llama", mlp_hidden=48, t2mlr=True, l_start=0, l_end=0)
-               / "ckpt.pt")
-    with pytest.raises(RunError, match=r"^--num_seqs 0 must be >= 1 \(validation windows to probe\)$"):
-        state_probe.main([path, "--num_seqs", "0"])
-    with pytest.raises(RunError, match=r"^--num_seqs -3 must be >= 1"):
-        state_probe.main([path, "--num_seqs=-3"])
-    with pytest.raises(RunError, match=r"^--seq_len 0 must be in \[2, block_size = 16\]$"):
-        state_probe.main([path, "--seq_len", "0"])
-    write_run(tmp_path / "bare", drop=("train_config",), flavour="llama", mlp_hidden=48, t2mlr=True, l_start=0,
-              l_end=0)
-    with pytest.raises(RunError, match=r"bare/ckpt.pt lacks train_config: it is not a complete checkpoint"):
-        state_probe.main([str(tmp_path / "bare" / "ckpt.pt")])

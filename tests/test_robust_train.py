@@ -10,6 +10,8 @@ non-contiguous targets in GPT.forward.
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -20,7 +22,8 @@ from configurator import ConfigError, load_config
 from model import GPT, GPTConfig
 from support.runlog import RunLog, trim_replayed_rows
 from support.runtime import RunError
-from test_train import TINY, read_log, run, write_dataset
+from train import TrainConfig
+from test_train import ROOT, TINY, read_log, run, write_dataset
 
 
 def train_in(tmp_path, *args):
@@ -84,6 +87,7 @@ def test_a_device_this_machine_lacks_is_one_line(tmp_path):
     one_line_error(r, "device 'cuda'", "not available")
 
 
+@pytest.mark.slow
 def test_a_resume_with_nothing_to_train_says_so(tmp_path):
     write_dataset(tmp_path / "data" / "fox")
     assert train_in(tmp_path, "--max_iters=3", "--out_dir=o").returncode == 0
@@ -118,15 +122,38 @@ class _Cfg:
     total_batch_size, max_iters, eval_interval, batch_size, log_interval = 1024, 1000, 100, 4, 10
 
 
-def test_a_run_that_would_take_days_on_a_cpu_warns_once(capsys):
-    log = RunLog.__new__(RunLog)                               # only what warn_if_slow reads
-    log.master, log.warned, log.device = True, False, "cpu"
-    log.warn_if_slow(3600.0)
-    assert capsys.readouterr().out == ""                       # an hour: no warning
-    log.warn_if_slow(10 * 86400.0)
-    log.warn_if_slow(10 * 86400.0)
+def test_a_run_that_would_take_days_on_a_cpu_stops_unless_forced(capsys):
+    log = RunLog.__new__(RunLog)                               # only what check_estimate reads
+    log.master, log.warned, log.device, log.cfg = True, False, "cpu", TrainConfig()
+    log.check_estimate(3600.0, "1 s a step")                   # an hour: nothing said
+    assert capsys.readouterr().out == ""
+    with pytest.raises(RunError, match=r"about 10 days on cpu \(1 s a step\): on a CPU train "
+                                       r"config/tiny_mesh\.py .* or pass --force"):
+        log.check_estimate(10 * 86400.0, "1 s a step")
+    log.warned, log.cfg = False, TrainConfig(force=True)
+    log.check_estimate(10 * 86400.0, "1 s a step")
+    log.check_estimate(10 * 86400.0, "1 s a step")
     out = capsys.readouterr().out
-    assert out.count("warning:") == 1 and "about 10 days on cpu" in out and "quick start" in out
-    log.device, log.warned = "cuda:0", False
-    log.warn_if_slow(10 * 86400.0)
-    assert capsys.readouterr().out == ""                       # a GPU run is the user's choice
+    assert out.count("warning:") == 1 and "running anyway (--force)" in out
+    log.device, log.warned, log.cfg = "cuda:0", False, TrainConfig()
+    log.check_estimate(10 * 86400.0, "1 s a step")             # a GPU run is never stopped
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.slow
+def test_the_main_job_on_a_cpu_stops_at_its_estimate_naming_the_tiny_configs(tmp_path):
+    """config/mesh_160m.py on a CPU: the plan, then the first evaluation batch's estimate stops it."""
+    data = tmp_path / "data" / "big"
+    data.mkdir(parents=True)
+    np.random.default_rng(0).integers(0, 50257, 40_000).astype(np.uint16).tofile(data / "train.bin")
+    np.random.default_rng(1).integers(0, 50257, 20_000).astype(np.uint16).tofile(data / "val.bin")
+    (data / "meta.json").write_text(json.dumps({"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256,
+                                                "dtype": "uint16", "train_tokens": 40_000, "val_tokens": 20_000}))
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, "config", "mesh_160m.py"), "--device=cpu", "--dataset=big",
+                           "--batch_size=1", "--eval_iters=2", "--progress=False"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="2"))
+    assert done.returncode != 0
+    assert "params: total" in done.stdout and "tokens/step" in done.stdout and "evaluating:" in done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: at this speed the run would take about") and "tiny_mesh.py" in last
+    assert not (tmp_path / "out" / "ckpt.pt").exists()

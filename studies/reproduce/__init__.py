@@ -1,7 +1,7 @@
 """
 Reproduce both papers' findings at laptop scale, with paired seeds and 95% confidence intervals.
 
-    python prepare_data.py --input ../shared/data/fineweb_edu/*.jsonl --tokenizer byte --name fineweb_byte
+    python prepare_data.py --input path/to/fineweb_edu/*.jsonl --tokenizer byte --name fineweb_byte
     python -m studies.reproduce --plan       # the grid, with the estimated minutes of every run; runs nothing
     python -m studies.reproduce              # the whole study (2.1 h measured on 2 CPU cores); resumable
     python -m studies.reproduce --max_minutes 60   # run for at most an hour, then assemble what is done

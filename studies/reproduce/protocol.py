@@ -266,7 +266,7 @@ def set_router_bias(model, kind, p=ROUTER_P):
       kind 'base':     the transitional step writes and reads slot 1 (h(0) ≈ h_pre), loop t writes and reads
                        the fresh slot t+2 (h(t+1) ≈ f_core(h(t)));
       kind 'residual': every step writes and reads slot 1 (h(t+1) ≈ h(t) + f_core(h(t))).
-    With p -> 1 the routing is one-hot and the model equals base / residual recursion (tests/test_reproduce.py).
+    With p -> 1 the routing is one-hot and the model equals base / residual recursion (studies/tests/test_reproduce.py).
     The bias is β = ln(p/(1-p) · (B-1)) on the slot, 0 elsewhere: softmax weight exactly p at zero logits."""
     mesh = model.mesh
     n_steps = len(mesh.write_routers)

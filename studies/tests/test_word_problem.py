@@ -7,7 +7,7 @@ gradients), a run stopped and resumed against an uninterrupted one (under the co
 schedule), the annealed schedule (the peak held until the curriculum is complete, then a cosine, and the
 run's end), and the --quick study end to end (figures, JSON, and a relaunch that retrains nothing).
 
-Run: python -m pytest -q tests/test_word_problem.py
+Run: python -m pytest -q studies/tests/test_word_problem.py
 """
 
 import itertools
@@ -26,7 +26,7 @@ from scipy import stats
 from model import GPT, GPTConfig
 from studies import word_problem as wp
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cycle_parity(p):

@@ -32,7 +32,7 @@ from support.checkpoints import save_checkpoint         # noqa: E402
 from test_harness import (adapter, direct_loglikelihood, direct_rolling, direct_scores, local_tasks_only,  # noqa: E402,F401
                           model_of, write_tasks)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """
 Tests of probe.py: the properties of the three measures (MeSH paper §4.1) and a run of the command line on
-tiny random checkpoints of each kind of variant. Run: python -m pytest -q tests/test_probe.py (a few seconds)
+tiny random checkpoints of each kind of variant. Run: python -m pytest -q studies/tests/test_probe.py (a few seconds)
 """
 
 import json

@@ -4,8 +4,8 @@ the paired initialisation, the router initialisation of the mesh_as_base arm, re
 those written before a config key was renamed), the plot subcommand, and (the SLOW one, about a minute)
 `python -m studies.reproduce --quick` end to end.
 
-    python -m pytest -q tests/test_reproduce.py                      # all, ~1-2 min
-    python -m pytest -q tests/test_reproduce.py -k "not slow"        # without the --quick run, ~15 s
+    python -m pytest -q studies/tests/test_reproduce.py                      # all, ~1-2 min
+    python -m pytest -q studies/tests/test_reproduce.py -k "not slow"        # without the --quick run, ~15 s
 """
 
 import contextlib
@@ -28,7 +28,7 @@ from studies.reproduce.__main__ import main
 from support.checkpoints import load_checkpoint
 from support.runtime import RunError
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # -----------------------------------------------------------------------------
@@ -359,6 +359,8 @@ def test_quick_mode_end_to_end_slow(pydoc, tmp_path):
     )
     assert all(c["ours"]["n"] == 2 and c["ours"]["ci"] is not None for c in claims.values())
     assert "mesh-K4-6" not in claims                                # K4 has no mesh_as_base arm
+    assert all(c["verdict"].startswith("smoke test only") for c in claims.values())   # never "reproduced"
+    assert "| reproduced" not in (results / "reproduce.md").read_text()
     for path in report["figures"]:
         assert os.path.getsize(path) > 10_000
     assert len(report["figures"]) == 5 and "Claims" in (results / "reproduce.md").read_text()

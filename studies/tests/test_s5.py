@@ -3,7 +3,7 @@ Tests of s5_retrieval.py: the S5 state rule against an independent composition o
 example of the generator's format, the tokenizer, the layout of control flow and padding, the metrics, the
 LSTM's parameter matching, and a one-minute training run that lowers the loss.
 
-Run: python -m pytest -q tests/test_s5.py
+Run: python -m pytest -q studies/tests/test_s5.py
 """
 
 import dataclasses
@@ -31,7 +31,7 @@ from studies.s5_retrieval import (
     score,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def compose_as_functions(actions):
