@@ -257,11 +257,12 @@ def plan():
     return runs
 
 
-def worker(out, log=print):
-    """Run the plan's unfinished runs in order; a run being trained by another worker (its .lock names
-    a live process) is skipped."""
+def worker(out, p=None, log=print):
+    """Run the plan's unfinished runs in order, at hop count p (default P); a run being trained by another
+    worker (its .lock names a live process) is skipped."""
+    p = P if p is None else p
     for arm, K, layers, seed in plan():
-        name = run_name(arm, K, layers, P, N, seed)
+        name = run_name(arm, K, layers, p, N, seed)
         if os.path.exists(os.path.join(out, name + ".json")):
             continue
         lock = os.path.join(out, name + ".lock")
@@ -277,7 +278,7 @@ def worker(out, log=print):
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
         try:
-            run(arm, K, layers, P, N, seed, STEPS, out, log=log)
+            run(arm, K, layers, p, N, seed, STEPS, out, log=log)
         finally:
             os.remove(lock)
 
@@ -285,14 +286,15 @@ def worker(out, log=print):
 # -----------------------------------------------------------------------------
 # The report: tables, paired intervals and figures of the finished runs
 
-def load_runs(out):
-    """{(arm, depth): {seed: run dict}} of the finished runs in `out` (depth: K, or L for vanilla)."""
+def load_runs(out, p):
+    """{(arm, depth): {seed: run dict}} of the finished test-seed runs at hop count p in `out` (depth: K, or
+    L for vanilla)."""
     runs = {}
     for name in sorted(os.listdir(out)):
         if name.endswith(".json") and name.split("_")[0] in ARMS:
             with open(os.path.join(out, name)) as f:
                 r = json.load(f)
-            if r["seed"] in TEST_SEEDS:
+            if r["seed"] in TEST_SEEDS and r["p"] == p and r["n"] == N:
                 runs.setdefault((r["arm"], r["K"] or r["layers"]), {})[r["seed"]] = r
     return runs
 
@@ -366,7 +368,7 @@ def markdown(doc):
     return "\n".join(lines)
 
 
-def figures(runs, doc, out):
+def figures(runs, doc, out, p):
     """phop_steps.png (steps to learn per arm and seed) and phop_test_time_K.png (accuracy against K')."""
     import matplotlib
     matplotlib.use("Agg")
@@ -381,9 +383,9 @@ def figures(runs, doc, out):
     ax.text(len(names) - 0.5, STEPS, "never (counted at 6000)", color="C3", ha="right", va="bottom", fontsize=8)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("steps to accuracy >= 0.9")
-    ax.set_title(f"p-hop induction (p = {P}, n = {N}): steps to learn, one dot a seed (green learned)", fontsize=9)
+    ax.set_title(f"p-hop induction (p = {p}, n = {N}): steps to learn, one dot a seed (green learned)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "phop_steps.png"), dpi=120)
+    fig.savefig(os.path.join(out, f"phop_p{p}_steps.png"), dpi=120)
     plt.close(fig)
     if doc["test_time_K"]:
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -397,24 +399,24 @@ def figures(runs, doc, out):
         ax.set_ylabel("accuracy (scored positions)")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(os.path.join(out, "phop_test_time_K.png"), dpi=120)
+        fig.savefig(os.path.join(out, f"phop_p{p}_test_time_K.png"), dpi=120)
         plt.close(fig)
 
 
-def probe(out, ckpt_dir="out/phop", K=4, n_words=64):
+def probe(out, p=P, ckpt_dir="out/phop", K=4, n_words=64):
     """What the loops do, on the models trained at K (base, anchor, MeSH; every finished test seed), over the
     first n_words evaluation words: each loop's relative update 2‖f(h) − h‖ / (‖f(h)‖ + ‖h‖) (MeSH §4.1's
     skew, studies/probe.py), linear CKA between the states of consecutive loops h(t), h(t+1), and for MeSH
     each step's read and write entropy and slot usage (studies.probe.router_usage). Writes out/probe.json
     and out/phop_probe.png; returns the dict."""
     from studies.probe import router_usage, run_probe
-    X, _ = eval_set(N, P)
+    X, _ = eval_set(N, p)
     X = X[:n_words]
     result = {}
     for arm in ("base", "anchor", "mesh"):
         for seed in TEST_SEEDS:
-            path = os.path.join(ckpt_dir, run_name(arm, K, None, P, N, seed) + ".pt")
-            if not os.path.exists(os.path.join(out, run_name(arm, K, None, P, N, seed) + ".json")):
+            path = os.path.join(ckpt_dir, run_name(arm, K, None, p, N, seed) + ".pt")
+            if not os.path.exists(os.path.join(out, run_name(arm, K, None, p, N, seed) + ".json")):
                 continue
             ckpt = load_checkpoint(path)
             model = GPT(model_config(arm, K, None, N, ckpt["spec"]["width"]))
@@ -429,13 +431,13 @@ def probe(out, ckpt_dir="out/phop", K=4, n_words=64):
             if arm == "mesh":
                 row["routing"] = router_usage(model, X)
             result.setdefault(arm, {})[str(seed)] = row
-    with open(os.path.join(out, "probe.json"), "w") as f:
-        json.dump(dict(result, command="python -m studies.phop --probe"), f, indent=1)
-    plot_probe(result, K, out)
+    with open(os.path.join(out, f"probe_p{p}.json"), "w") as f:
+        json.dump(dict(result, command=f"python -m studies.phop --probe --p {p}"), f, indent=1)
+    plot_probe({a: r for a, r in result.items()}, K, out, p)
     return result
 
 
-def plot_probe(result, K, out):
+def plot_probe(result, K, out, p):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -463,21 +465,23 @@ def plot_probe(result, K, out):
                     title="MeSH routers: entropy over slots")
         axes[2].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "phop_probe.png"), dpi=120)
+    fig.savefig(os.path.join(out, f"phop_p{p}_probe.png"), dpi=120)
     plt.close(fig)
 
 
-def report(out):
-    """Write out/report.json, out/report.md and the figures from the finished runs; print the markdown."""
-    runs = load_runs(out)
+def report(out, p=P):
+    """Write out/report_p<p>.json, .md and the figures from the finished runs at hop count p; print the
+    markdown."""
+    runs = load_runs(out, p)
     doc = summarise(runs)
-    doc["command"] = "python -m studies.phop --report"
-    with open(os.path.join(out, "report.json"), "w") as f:
+    doc["command"] = f"python -m studies.phop --report --p {p}"
+    doc["p"], doc["n"] = p, N
+    with open(os.path.join(out, f"report_p{p}.json"), "w") as f:
         json.dump(doc, f, indent=1)
     text = markdown(doc)
-    with open(os.path.join(out, "report.md"), "w") as f:
+    with open(os.path.join(out, f"report_p{p}.md"), "w") as f:
         f.write(text + "\n")
-    figures(runs, doc, out)
+    figures(runs, doc, out, p)
     print(text)
 
 
@@ -492,6 +496,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--out", default="studies/results/phop")
+    ap.add_argument("--ckpt_dir", default="out/phop", help="the runs' checkpoints (resume, probes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (two workers: 1 each)")
     ap.add_argument("--plan", action="store_true", help="print the study's runs")
     ap.add_argument("--worker", action="store_true", help="run the plan's unfinished runs")
@@ -505,17 +510,18 @@ def main(argv=None):
             ap.error(f"--{name} {value} must be >= {low}")
     if args.plan:
         for r in plan():
-            print(run_name(*r[:3], P, N, r[3]))
+            print(run_name(*r[:3], args.p, N, r[3]))
     elif args.worker:
-        worker(args.out)
+        worker(args.out, args.p)
     elif args.report:
-        report(args.out)
+        report(args.out, args.p)
     elif args.probe:
-        probe(args.out)
+        probe(args.out, args.p, args.ckpt_dir)
     elif args.arm is None:
         ap.error("give --arm (one run), --plan, --worker or --report")
     else:
-        run(args.arm, args.K, args.layers, args.p, args.n, args.seed, args.steps, args.out)
+        run(args.arm, args.K, args.layers, args.p, args.n, args.seed, args.steps, args.out,
+            ckpt_dir=args.ckpt_dir)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import weakref
 from contextlib import nullcontext
 
+import pytest
 import torch
 
 import bench

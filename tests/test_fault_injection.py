@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from support.checkpoints import load_checkpoint
 from test_train import ROOT, TINY, read_log, write_dataset
 
