@@ -7,10 +7,13 @@ studies/table1.py and their tests) nothing beyond requirements-eval.txt and what
 """
 
 import ast
+import importlib
+import os
 import importlib.metadata
 import sys
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -73,3 +76,13 @@ def test_every_imported_library_is_in_a_requirements_file():
             missing.append(f"{module} (imported by {', '.join(sorted(files - EVALUATION) or files)})")
     assert missing == []
     assert "matplotlib" in third_party_imports() and "matplotlib" in base      # the studies' figures
+
+
+@pytest.mark.slow
+def test_the_evaluation_libraries_are_installed_where_ci_requires_them():
+    """With NANOMESH_REQUIRE_LM_EVAL=1 (CI's second tier) the optional tests must run, not skip: their
+    libraries import."""
+    if os.environ.get("NANOMESH_REQUIRE_LM_EVAL") != "1":
+        pytest.skip("only where NANOMESH_REQUIRE_LM_EVAL=1 (CI)")
+    for module in ("lm_eval", "datasets", "transformers", "accelerate"):
+        importlib.import_module(module)

@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-if os.environ.get("NANOMESH_REQUIRE_LM_EVAL") != "1":
-    pytest.importorskip("lm_eval", reason="the evaluation tests need lm_eval: pip install -r requirements-eval.txt")
+pytest.importorskip("lm_eval", reason="the evaluation tests need lm_eval: pip install -r requirements-eval.txt")
 import lm_eval                                          # noqa: E402
 from lm_eval.tasks import TaskManager                   # noqa: E402
 

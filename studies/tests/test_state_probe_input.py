@@ -13,6 +13,7 @@ from model import GPT, GPTConfig
 from studies import state_probe
 from support.checkpoints import save_checkpoint
 from support.runtime import RunError
+from test_robust_sample import write_run  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = dict(vocab_size=320, block_size=16, n_layer=2, n_embd=32, n_head=2)

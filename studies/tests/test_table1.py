@@ -26,6 +26,7 @@ from model import GPT, GPTConfig                        # noqa: E402
 from support.harness import NanoLM                      # noqa: E402
 from support.tokenizers import get_tokenizer            # noqa: E402
 from test_equivalence import VARIANTS, build            # noqa: E402
+from test_harness import ROOT, local_tasks_only, offline, write_checkpoint, write_tasks  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parent.parent
 BYTE = get_tokenizer("byte")

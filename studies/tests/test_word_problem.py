@@ -175,7 +175,7 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, steps, anne
     whole = wp.run_one(spec, wp.study_paths(str(tmp_path / "whole")), log=lambda *_: None)
 
     def stop_at_6(message):
-        if "step 6:" in message:
+        if "step 6/" in message:
             raise KeyboardInterrupt
     paths = wp.study_paths(str(tmp_path / "stopped"))
     with pytest.raises(KeyboardInterrupt):
