@@ -112,6 +112,21 @@ def test_ci_runs_the_readme_quick_start_as_written():
     assert "pip install -r" not in ci and "pytest" not in ci.replace("quickstart", "")   # nothing CI adds
 
 
+def test_two_test_tiers_and_pytest_finds_every_test():
+    """`python -m pytest -q` leaves the slow tier out; -m slow runs it; pytest.ini finds tests/, studies/ and
+    test_equivalence.py; every test under studies/ is in the slow tier (studies/tests/conftest.py)."""
+    import configparser
+    ini = configparser.ConfigParser()
+    ini.read(ROOT / "pytest.ini")
+    assert ini["pytest"]["addopts"].strip() == '-m "not slow"'
+    assert set(ini["pytest"]["testpaths"].split()) == {"test_equivalence.py", "tests", "studies"}
+    conftest = (ROOT / "studies" / "tests" / "conftest.py").read_text()
+    assert "add_marker(pytest.mark.slow)" in conftest
+    found = {p.relative_to(ROOT).parts[0] for p in ROOT.rglob("test_*.py") if ".git" not in p.parts
+             and "out" not in p.relative_to(ROOT).parts[:1]}
+    assert found <= {"test_equivalence.py", "tests", "studies"}, found
+
+
 def test_no_message_doc_or_default_points_at_a_folder_users_lack():
     """Users have no shared/ folder beside the checkout: no code, doc or config names one."""
     found = []

@@ -13,6 +13,7 @@ Run: python -m pytest -q studies/tests/test_word_problem.py
 import itertools
 import json
 import math
+import re
 import os
 import random
 import subprocess
@@ -184,6 +185,8 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, steps, anne
     lines = []
     resumed = wp.run_one(spec, paths, log=lines.append)
     assert f"steps 3..{steps}" in lines[0]
+    steps_logged = [m for m in lines if m.lstrip().startswith("step ")]
+    assert steps_logged and all(re.search(r"ETA \d+\.\d min$", m) for m in steps_logged)   # progress, with its ETA
     assert resumed["acc_by_position"] == whole["acc_by_position"] and resumed["steps"] == whole["steps"]
     assert math.isclose(resumed["final_loss"], whole["final_loss"], rel_tol=1e-6)
     assert wp.run_one(spec, paths, log=lambda m: pytest.fail(m))["params"] == whole["params"]   # finished: skipped
