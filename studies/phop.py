@@ -16,7 +16,7 @@ The model: the MeSH paper's recursive layout "1+1RK+1" (one prelude layer, one c
 times, one coda layer), so the loops alone give the depth; the state passings are model.py's
 (MeSH §3.1-3.2). Vanilla stacks of L distinct layers give the depth-without-sharing context.
 
-    python -m studies.phop --arm base --K 4 --p 4 --n 64 --seed 0 --steps 6000 --out studies/results/phop
+    python -m studies.phop --arm base --K 4 --p 6 --n 64 --seed 0 --steps 6000 --out studies/results/phop
     python -m studies.phop --plan              # every run of the study, in the order the workers take them
     python -m studies.phop --worker            # run the plan's unfinished runs (two workers share it)
     python -m studies.phop --report            # tables + figures of what finished (studies/results/phop)
@@ -241,7 +241,7 @@ TEST_KS = (1, 2, 3, 4, 6, 8, 12)     # loops at test time (K'), for the models t
 # -----------------------------------------------------------------------------
 # The plan: every run of the study, and the workers that share it
 
-P, N, STEPS = 4, 64, 6000                        # the calibrated task (see the docs page) and the cap
+P, N, STEPS = 6, 64, 6000       # the calibrated task (studies/phop.md: at p = 4 the 3-layer stack learned) and the cap
 CALIBRATION_SEEDS, TEST_SEEDS = (100, 101), (0, 1, 2, 3, 4)
 
 
