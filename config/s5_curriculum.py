@@ -1,4 +1,4 @@
-# S5-Retrieval with what made S5 learnable in the word problem (docs/word_problem.md): a length curriculum,
+# S5-Retrieval with what made S5 learnable in the word problem (studies/word_problem.md): a length curriculum,
 # larger batches and more examples. An overlay, given after one of the paper's configs (a GPU run):
 #   python -m studies.s5_retrieval config/s5_t2mlr.py config/s5_curriculum.py --out_dir=out/s5_t2mlr_curriculum
 #   (and config/s5_transformer.py, config/s5_lstm.py with their own out_dir: the same batches and steps)
@@ -6,7 +6,7 @@
 
 # the curriculum over the number of actions: n from 1 (the first state is a copy of the first action), one
 # more once the loss of the state tokens alone falls below the word problem's 0.3, every example at the
-# curriculum's length. On the laptop (docs/s5.md) this rule took T2MLR through n = 12; the rule on the whole
+# curriculum's length. On the laptop (studies/s5.md) this rule took T2MLR through n = 12; the rule on the whole
 # loss never passed n = 2, where a lookup learned or not hid the state's loss.
 curriculum_start = 1
 curriculum_threshold = 0.3

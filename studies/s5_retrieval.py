@@ -546,7 +546,7 @@ def rerun(overrides, root="out/s5_rerun", results_path="studies/results/s5_rerun
         with open("assets/s5_retrieval.json") as f:
             old = json.load(f)["results"]["T²MLR"]
         earlier = {"source": "assets/s5_retrieval.json (setting A, Jacobi D = 16, 2,000 steps); θ_r from "
-                             "docs/s5.md", "theta_r": -0.018,
+                             "studies/s5.md", "theta_r": -0.018,
                    **{f"{k}@{n}": old["per_n"][str(n)][k] for n in (12, 24)
                       for k in ("state_acc", "code_acc", "token_acc")}}
     command = " ".join(["python -m studies.s5_retrieval --rerun", *overrides]

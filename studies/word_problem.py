@@ -131,7 +131,7 @@ TEST_SEED, PROBE_SEED = 777_000, 888_000      # the fixed test set (n = 64) and 
 # chose for all three). The arms are the fixed-length study's sizes; A5 and S5 first.
 CURRICULUM = {"start": 2, "threshold": 0.3}
 # The fixed-length recipe (n = 16 from the first step, 32 sequences a step, 2,000 steps): it learns Z2 and
-# S3 and not A5 or S5 (docs/word_problem.md); theta_trajectories below measures the gate under it.
+# S3 and not A5 or S5 (studies/word_problem.md); theta_trajectories below measures the gate under it.
 FIXED_LENGTH = dict(steps=2000, batch_size=32, train_n=16, n_embd=64, n_layer=4, n_head=4, mlp_hidden=256,
                     lstm_layers=2, test_n=64)
 FULL = dict(steps=2000, batch_size=256, train_n=16, test_n=64, test_examples=512, seeds=(0, 1, 2),
@@ -990,7 +990,7 @@ def run_study(size, paths, command, report_only=False, stages=STAGES, log=print,
 
 
 def markdown_summary(doc) -> str:
-    """The tables of docs/word_problem.md: the levers; per group and arm, accuracy (mean over seeds [95% t
+    """The tables of studies/word_problem.md: the levers; per group and arm, accuracy (mean over seeds [95% t
     interval]) in distribution, beyond it and at positions 16..64; the depth arms' frontiers and MeSH − base."""
     fmt = lambda v: f"{v[0]:.3f} [{max(0.0, v[1]):.2f}, {min(1.0, v[2]):.2f}]"      # an accuracy
     fmt_position = lambda v: f"{v[0]:.1f} [{v[1]:.1f}, {v[2]:.1f}]"

@@ -92,7 +92,7 @@ def test_top_level_is_nanogpt_sized():
 def test_readme_is_short_and_every_local_link_resolves():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 380
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "studies").glob("*.md"))]:
         prose = re.sub(r"```.*?```|`[^`]*`", "", page.read_text(), flags=re.S)     # code is not a link
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", prose):
             if not target.startswith(("http://", "https://")):
