@@ -127,6 +127,14 @@ def test_two_test_tiers_and_pytest_finds_every_test():
     assert found <= {"test_equivalence.py", "tests", "studies"}, found
 
 
+def test_the_readme_states_the_lines_a_reader_reads_to_follow_each_script():
+    from reading_lines import reading_lines
+    readme = (ROOT / "README.md").read_text()
+    for script in ("train.py", "sample.py"):
+        total = sum(len(v) for v in reading_lines(script).values())
+        assert f"{total:,} lines" in readme or f"{total:,} for {script}" in readme, (script, total)
+
+
 def test_no_message_doc_or_default_points_at_a_folder_users_lack():
     """Users have no shared/ folder beside the checkout: no code, doc or config names one."""
     found = []
