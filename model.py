@@ -161,17 +161,17 @@ class MeshMemory(nn.Module):
         buffer[0] = h_emb
         return buffer
 
-    def write_read(self, step: int, buffer, router_in, written):
-        """One step of Eq. 3 (M2, "step k"): write `written` softly into every slot, then read the
-        next state from the UPDATED buffer, both routed by router_in. router_in, written (B, T, C);
-        buffer (n_slots, B, T, C). Returns (new buffer, h_next (B, T, C))."""
-        fp32 = torch.promote_types(router_in.dtype, torch.float32)  # the softmax in fp32 (autocast)
-        w_write = F.softmax(self.write_routers[step](router_in), dim=-1, dtype=fp32)  # (B, T, n)
-        w_read = F.softmax(self.read_routers[step](router_in), dim=-1, dtype=fp32)
+    def write_read(self, step: int, buffer, u, y):
+        """One step k of Eq. 3 (M2, "step k"): write y_k softly into every slot, then read the next
+        state from the UPDATED buffer, both routed by u_k. u, y (B, T, C); buffer (n_slots, B, T, C).
+        Returns (new buffer, h_next (B, T, C))."""
+        fp32 = torch.promote_types(u.dtype, torch.float32)  # the softmax in fp32 (autocast)
+        w_write = F.softmax(self.write_routers[step](u), dim=-1, dtype=fp32)  # (B, T, n)
+        w_read = F.softmax(self.read_routers[step](u), dim=-1, dtype=fp32)
         # the write, out of place (autograd), then the read
-        buffer = buffer + w_write.permute(2, 0, 1).unsqueeze(-1) * written
+        buffer = buffer + w_write.permute(2, 0, 1).unsqueeze(-1) * y
         h_next = torch.einsum("btn,nbtc->btc", w_read, buffer)
-        return buffer, h_next.to(written.dtype)
+        return buffer, h_next.to(y.dtype)
 
 
 # -----------------------------------------------------------------------------
@@ -476,24 +476,24 @@ class GPT(nn.Module):
         # one cache per layer application, in the order they run
         caches = cache.layers if cache is not None else [None] * (P + n_core * K + n_coda)
         h = self.run_layers(h_emb, self.prelude, pos, caches[:P])                  # h_pre
-        if cfg.state_passing == "mesh":    # the transitional step: write h_pre, read h(0)
+        if cfg.state_passing == "mesh":    # the transitional step: write y_0 = h_pre, read h(0)
             buffer = self.mesh.new_buffer(h_emb)
-            router_in = h if cfg.mesh_trans_router_in == "pre" else h_emb
-            buffer, h = self.mesh.write_read(0, buffer, router_in=router_in, written=h)
+            u = h if cfg.mesh_trans_router_in == "pre" else h_emb
+            buffer, h = self.mesh.write_read(0, buffer, u=u, y=h)
         h0 = h
         for t in range(K):                # K loops of the same weights, each with its own KV caches
             loop_caches = caches[P + t * n_core:P + (t + 1) * n_core]
-            h_core = self.run_layers(h, self.core, pos, loop_caches)               # f_core(h(t))
-            if cfg.state_passing == "mesh":        # write f_core(h(t)), read h(t+1); routed by h(t)
-                buffer, h = self.mesh.write_read(t + 1, buffer, router_in=h, written=h_core)
+            y = self.run_layers(h, self.core, pos, loop_caches)             # y = f_core(h(t))
+            if cfg.state_passing == "mesh":        # write y_{t+1} = y, read h(t+1); routed by u = h(t)
+                buffer, h = self.mesh.write_read(t + 1, buffer, u=h, y=y)
             elif cfg.state_passing == "base":        # h_sup = 0
-                h = h_core
+                h = y
             elif cfg.state_passing == "residual":    # h_sup = h(t)
-                h = h_core + h
+                h = y + h
             elif cfg.state_passing == "anchor":      # h_sup = h(0)
-                h = h_core + h0
+                h = y + h0
             else:                                    # anchor_star: h_sup = h_emb
-                h = h_core + h_emb
+                h = y + h_emb
         return self.run_layers(h, self.coda, pos, caches[P + K * n_core:])
 
     # ---- time: T²MLR (arXiv 2607.15178; README (T1)-(T3)) ----------------------------------------

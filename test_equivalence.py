@@ -94,7 +94,7 @@ def test_mesh_one_hot_reproduces_base_and_residual(flavour):
     """The MeSH paper says its memory contains base and residual recursion as special cases; that one-hot
     routers reproduce them exactly is our own reading. Steps = transitional + K loops.
     base: write step s into fresh slot s+1 and read it back -> h(t+1) = f_core(h(t)).
-    residual: write and read slot 1 always -> m_1 = h_pre + sum h_m, so h(t+1) = h(t) + f_core(h(t))."""
+    residual: write and read slot 1 always -> m_1 = h_pre + sum of the y_k, so h(t+1) = h(t) + f_core(h(t))."""
     K, idx = 3, tokens()
     for mode, slots in (("base", [1, 2, 3, 4]), ("residual", [1, 1, 1, 1])):
         reference = build(**dict(flavour, layout=f"1+2R{K}+1", state_passing=mode))
@@ -123,8 +123,8 @@ def test_state_passings_follow_their_equations():
         cos, sin = seen[0]
         h = h0 = model.layers[0](h_emb, cos, sin)
         for _ in range(3):
-            h_m = model.layers[2](model.layers[1](h, cos, sin), cos, sin)
-            h = h_m + {"base": 0, "residual": h, "anchor": h0, "anchor_star": h_emb}[mode]
+            y = model.layers[2](model.layers[1](h, cos, sin), cos, sin)
+            h = y + {"base": 0, "residual": h, "anchor": h0, "anchor_star": h_emb}[mode]
         logits = model.lm_head(model.ln_f(model.layers[3](h, cos, sin)))
         assert torch.allclose(model(idx)[0], logits, atol=1e-12, rtol=0), mode
 

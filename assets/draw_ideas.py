@@ -71,7 +71,7 @@ def draw_mesh(path):
     prev_out = 2.55                                             # right edge of the box whose output is written
     for k in range(K + 1):
         xw, xr = step_x[k], step_x[k] + 0.9
-        written = "h_pre" if k == 0 else f"h_m = f_core(h({k - 1}))"
+        written = "y_0 = h_pre" if k == 0 else f"y_{k} = f_core(h({k - 1}))"
         arrow(ax, (prev_out, path_y), (xw, path_y), lw=1.5)
         ax.text(xw, path_y - 0.68, written, ha="right" if k else "center", va="center", fontsize=10.5)
         # write: the written state goes up to every slot; bars left of the column show w_w per slot
