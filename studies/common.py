@@ -8,6 +8,7 @@ loop with them: a train-step, an evaluate-and-save at support.loop.evaluation_du
 
 import json
 import os
+import subprocess
 
 import torch
 import torch.nn as nn
@@ -70,6 +71,21 @@ def gate_values(model) -> dict:
     """T²MLR: the global gates θ_r, θ_x now (how far the recurrent path opened); {} for other models."""
     gate = getattr(model, "gate", None)
     return {} if gate is None else {"theta_r": gate.theta_r.item(), "theta_x": gate.theta_x.item()}
+
+
+def git_commit() -> str:
+    """The commit of the code a study runs (the checkout or worktree it imports from), with "+dirty" when
+    tracked files differ from it; "unknown" outside git. Every run's JSON records it, so a run resumed
+    later can be checked to use the same code."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def read_json(path):

@@ -32,7 +32,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -40,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
+from studies.common import git_commit
 from support.checkpoints import load_checkpoint, save_checkpoint
 from support.loop import configure_optimizers
 
@@ -156,19 +156,6 @@ def steps_to_learn(history, max_steps: int):
 def held(history) -> bool:
     """Whether the last two evaluations are both >= HELD: the run has learned and holds it."""
     return len(history) >= 2 and all(acc >= HELD for _, acc in history[-2:])
-
-
-def git_commit() -> str:
-    """The commit of the code this run imports (the worktree it runs from), '+dirty' if changed."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run(arm, K, layers, p, n, seed, steps, out, width=64, batch_size=64, lr=1e-3, eval_every=100,

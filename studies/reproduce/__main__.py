@@ -15,6 +15,7 @@ from dataclasses import asdict
 import torch
 
 from configurator import ConfigError
+from studies.common import git_commit
 from support.data import load_meta
 from support.runtime import RunError
 
@@ -143,7 +144,7 @@ def study_main(argv):
         progress.start(i, run, out_dir)
         try:
             status = train_run(run, out_dir, args.data_dir, args.device)
-            summary = summarize(run, out_dir, args.data_dir, pr)
+            summary = summarize(run, out_dir, args.data_dir, pr) | {"commit": git_commit()}
         except BaseException as e:
             progress.stop.set()
             if isinstance(e, KeyboardInterrupt):
