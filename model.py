@@ -162,9 +162,9 @@ class MeshMemory(nn.Module):
         return buffer
 
     def write_read(self, step: int, buffer, u, y):
-        """One step k of Eq. 3 (M2, "step k"): write y_k softly into every slot, then read the next
-        state from the UPDATED buffer, both routed by u_k. u, y (B, T, C); buffer (n_slots, B, T, C).
-        Returns (new buffer, h_next (B, T, C))."""
+        """One step k of Eq. 3 (M2, "step k"): write y_k softly into every slot, then read the
+        next state from the UPDATED buffer, both routed by u_k. u, y (B, T, C); buffer
+        (n_slots, B, T, C). Returns (new buffer, h_next (B, T, C))."""
         fp32 = torch.promote_types(u.dtype, torch.float32)  # the softmax in fp32 (autocast)
         w_write = F.softmax(self.write_routers[step](u), dim=-1, dtype=fp32)  # (B, T, n)
         w_read = F.softmax(self.read_routers[step](u), dim=-1, dtype=fp32)
@@ -484,7 +484,7 @@ class GPT(nn.Module):
         for t in range(K):                # K loops of the same weights, each with its own KV caches
             loop_caches = caches[P + t * n_core:P + (t + 1) * n_core]
             y = self.run_layers(h, self.core, pos, loop_caches)             # y = f_core(h(t))
-            if cfg.state_passing == "mesh":        # write y_{t+1} = y, read h(t+1); routed by u = h(t)
+            if cfg.state_passing == "mesh":    # write y_{t+1} = y, read h(t+1), routed by u = h(t)
                 buffer, h = self.mesh.write_read(t + 1, buffer, u=h, y=y)
             elif cfg.state_passing == "base":        # h_sup = 0
                 h = y
