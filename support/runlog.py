@@ -63,9 +63,11 @@ class RunLog:
         print(f"batch: {cfg.total_batch_size:,} tokens/step = {cfg.batch_size} seqs x {T} tokens x {world_size}"
               f" ranks x {s.grad_accum} accumulation steps; data {data.dir} ({data.meta['train_tokens']:,} "
               f"train tokens)")
-        print(f"MFU against {self.peak:.3g} FLOP/s per device" if self.peak
-              else "MFU n/a: pass --peak_flops=<FLOP/s of one device>")
+        print(f"MFU against {self.peak:.3g} FLOP/s per device" if self.peak else
+              f"MFU: no peak FLOP/s known for {device} (the log shows TFLOP/s; --peak_flops=<FLOP/s> sets one)")
         resumed = s.ckpt is not None
+        if resumed:
+            print(f"resumed from {s.ckpt_path} at step {start_step}: {cfg.max_iters - start_step} steps to go")
         if resumed and (dropped := trim_replayed_rows(self.log_path, start_step)):
             print(f"log.jsonl: dropped {dropped} rows after step {start_step}, which this resume replays")
         with open(self.log_path, "a" if resumed else "w") as f:   # a resumed run appends, never truncates
@@ -99,8 +101,9 @@ class RunLog:
         step_s = micro_seconds * grad_accum
         eta = step_s * (self.cfg.max_iters - self.start_step)
         if self.master:
+            when = f"{eta / 60:.1f} min" if eta < 3600 else f"{eta / 3600:.1f} h"
             tqdm.write(f"first micro-step {micro_seconds:.2f} s (compile included, if on): about {step_s:.1f} s a "
-                       f"step of {grad_accum} micro-steps, ETA {eta / 3600:.1f} h for "
+                       f"step of {grad_accum} micro-steps, ETA {when} for "
                        f"{self.cfg.max_iters - self.start_step} steps")
         self.check_estimate(eta, f"{step_s:.1f} s a step")
 

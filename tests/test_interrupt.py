@@ -76,7 +76,8 @@ def test_a_stopped_run_saves_its_step_and_resumes_bit_equal(tmp_path, sig, torch
     assert at_step < step < STEPS and os.path.samefile(tmp_path / path, tmp_path / "stopped" / "ckpt.pt")
     assert weights(tmp_path / "stopped")["step"] == step                # the checkpoint holds that step
     assert "--init_from=resume" in resume and ("torchrun" in resume) == torchrun
-    run(command(torchrun, "stopped") + ["--init_from=resume"], tmp_path)
+    resumed_out = run(command(torchrun, "stopped") + ["--init_from=resume"], tmp_path)
+    assert f"at step {step}: {STEPS - step} steps to go" in resumed_out          # the resume says where
     whole, resumed = weights(tmp_path / "whole"), weights(tmp_path / "stopped")
     assert resumed["step"] == whole["step"] == STEPS
     assert all(torch.equal(whole["model"][k], resumed["model"][k]) for k in whole["model"])
