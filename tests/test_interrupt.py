@@ -69,6 +69,7 @@ def test_a_stopped_run_saves_its_step_and_resumes_bit_equal(tmp_path, sig, torch
     run(command(torchrun, "whole"), tmp_path)
     out, code = interrupt(command(torchrun, "stopped"), tmp_path, sig, at_step)
     assert code != 0, out
+    assert "params: total" in out and re.search(r"first micro-step .* ETA [\d.]+ (min|h) for \d+ steps", out)
     stopped = re.findall(r"stopped at step (\d+) \(saved in (\S+)\); resume with: (.+)", out)
     assert len(stopped) == 1, out
     step, path, resume = stopped[0]
