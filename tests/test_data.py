@@ -122,7 +122,8 @@ def test_missing_tiktoken_vocab_names_cache_env(monkeypatch):
     def offline(name):
         raise ConnectionError("HTTPSConnectionPool(host='openaipublic.blob.core.windows.net'): Max retries")
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
-    with pytest.raises(DataError, match="TIKTOKEN_CACHE_DIR") as e:
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "/nowhere")      # the message quotes the variable's value
+    with pytest.raises(DataError, match="TIKTOKEN_CACHE_DIR=/nowhere") as e:
         get_tokenizer("gpt2")
     assert "\n" not in str(e.value) and "shared" not in str(e.value)
     assert "online" in str(e.value) and "offline" in str(e.value)       # how to get it, either way
