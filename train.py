@@ -41,7 +41,7 @@ from support.data import check_token_ids, get_batch, load_meta, step_starts, val
 from support.loop import evaluate, get_lr, make_trainer, resume, save_state
 from support.pretrained import config_from_hf, hf_checkpoint, load_hf_weights
 from support.runlog import RunLog
-from support.runtime import RunError, StopRequest, resolve_device, resolve_dtype
+from support.runtime import RunError, StopRequest, resolve_device, resolve_dtype, resume_command
 
 
 # -----------------------------------------------------------------------------
@@ -260,6 +260,11 @@ def main(argv):
     train_mode, val_mode = (cfg.train_mode, cfg.val_mode) if model_cfg.t2mlr else (None, None)
     optimizer, scaler = trainer.optimizer, trainer.scaler
     stop = StopRequest(master=rank == 0)     # Ctrl-C, SIGTERM: finish the step, save it, exit (below)
+
+    def save(step, rngs, val_loss):          # rank 0 writes ckpt.pt: the state after `step` updates
+        if rank == 0:
+            save_state(trainer, step, rngs, best_val_loss=best_val, val_loss=val_loss, tokenizer=data.tokenizer,
+                       model_config=asdict(model_cfg), train_config=asdict(cfg))
     # ---- the loop: exactly max_iters optimizer steps, an evaluation and save after every eval_interval ------
     for step in range(start_step, cfg.max_iters + 1):
         last = step == cfg.max_iters     # the step a run resumed from was evaluated before it was saved
@@ -269,16 +274,11 @@ def main(argv):
             best_val = min(best_val, val_loss)
             ranks = gather((rng_states(data_gen), val_loss), ddp, world_size)   # every rank's RNGs, val loss
             log.evaluation(step, val_loss, best_val, val_mode, [r[1] for r in ranks] if ddp else None)
-            if rank == 0:
-                save_state(trainer, step, [r[0] for r in ranks], best_val_loss=best_val, val_loss=val_loss,
-                           tokenizer=data.tokenizer, model_config=asdict(model_cfg), train_config=asdict(cfg))
+            save(step, [r[0] for r in ranks], val_loss)
         if last:
             break
         if stop.agreed(ddp, device):   # asked to stop (any rank): every rank stops here, rank 0 saves this step
-            ranks = gather(rng_states(data_gen), ddp, world_size)
-            if rank == 0:
-                save_state(trainer, step, ranks, best_val_loss=best_val, val_loss=None,
-                           tokenizer=data.tokenizer, model_config=asdict(model_cfg), train_config=asdict(cfg))
+            save(step, gather(rng_states(data_gen), ddp, world_size), val_loss=None)
             log.stopped(step, trainer.ckpt_path, resume_command(argv, ddp, world_size))
             return finish(ddp, lock, exit_code=130)
         t0, passes, lr = time.time(), [], get_lr(step, cfg)
@@ -328,12 +328,6 @@ def finish(ddp, lock, exit_code=0):
     if exit_code:
         sys.exit(exit_code)
 
-
-def resume_command(argv, ddp, world_size):
-    """The command that continues this run: the same arguments with --init_from=resume."""
-    args = [a for a in argv if not a.startswith("--init_from=")] + ["--init_from=resume"]
-    launcher = f"torchrun --standalone --nproc_per_node={world_size} train.py" if ddp else "python train.py"
-    return " ".join([launcher] + args)
 
 
 def setup_device(cfg, ddp, local_rank):

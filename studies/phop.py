@@ -32,14 +32,13 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from model import GPT, GPTConfig
 from studies.common import git_commit
+from studies.reproduce.stats import paired_stats
 from support.checkpoints import load_checkpoint, save_checkpoint
 from support.loop import configure_optimizers
 
@@ -109,17 +108,14 @@ def with_loops(model: GPT, K_test: int) -> GPT:
     if cfg.state_passing == "mesh":
         fields["mesh_slots"] = model.mesh.n_slots
     test = GPT(GPTConfig(**fields))
-    state = dict(model.state_dict())
-    for kind in ("write_routers", "read_routers"):
-        for s in range(K_test + 1):
-            for w in ("weight", "bias"):
-                key = f"mesh.{kind}.{s}.{w}"
-                if cfg.state_passing == "mesh":
-                    state[key] = model.state_dict()[f"mesh.{kind}.{min(s, K)}.{w}"]
-        for s in range(K_test + 1, K + 1):
-            state.pop(f"mesh.{kind}.{s}.weight", None)
-            state.pop(f"mesh.{kind}.{s}.bias", None)
-    test.load_state_dict(state)
+    trained = model.state_dict()
+
+    def source(key):                 # "mesh.<kind>.<s>.<w>" -> the router of step min(s, K)
+        if not key.startswith("mesh."):
+            return key
+        _, kind, s, w = key.split(".")
+        return f"mesh.{kind}.{min(int(s), K)}.{w}"
+    test.load_state_dict({key: trained[source(key)] for key in test.state_dict()})
     return test.eval()
 
 
@@ -288,7 +284,6 @@ def load_runs(out, p):
 
 def paired(a, b, key):
     """paired_stats of runs a - b ({seed: run}) on run[key] (a number), over the seeds both have."""
-    from studies.reproduce.stats import paired_stats
     if not set(a) & set(b):
         return None
     return paired_stats({s: float(r[key]) for s, r in a.items()}, {s: float(r[key]) for s, r in b.items()})
@@ -316,7 +311,6 @@ def summarise(runs):
         rs = get(arm, 4)
         if not rs:
             continue
-        from studies.reproduce.stats import paired_stats
         test_time[arm] = {k: dict(mean=sum(r["test_time_K"][k] for r in rs.values()) / len(rs),
                                   vs_trained=paired_stats({s: r["test_time_K"][k] for s, r in rs.items()},
                                                           {s: r["test_time_K"]["4"] for s, r in rs.items()}))
@@ -420,7 +414,7 @@ def probe(out, p=P, ckpt_dir="out/phop", K=4, n_words=64):
             result.setdefault(arm, {})[str(seed)] = row
     with open(os.path.join(out, f"probe_p{p}.json"), "w") as f:
         json.dump(dict(result, command=f"python -m studies.phop --probe --p {p}"), f, indent=1)
-    plot_probe({a: r for a, r in result.items()}, K, out, p)
+    plot_probe(result, K, out, p)
     return result
 
 

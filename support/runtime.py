@@ -114,3 +114,11 @@ class StopRequest:
         flag = torch.tensor([float(self.flag)], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+
+def resume_command(argv, ddp, world_size):
+    """The command that continues a stopped train.py run: its arguments `argv` with --init_from=resume,
+    under torchrun with world_size processes when it ran under DDP."""
+    args = [a for a in argv if not a.startswith("--init_from=")] + ["--init_from=resume"]
+    launcher = f"torchrun --standalone --nproc_per_node={world_size} train.py" if ddp else "python train.py"
+    return " ".join([launcher] + args)

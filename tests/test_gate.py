@@ -6,7 +6,6 @@ against Jacobi at D >= T, and the RMS ratio that studies/gate_scale.py reports.
     python -m pytest tests/test_gate.py -q
 """
 
-import math
 
 import pytest
 import torch

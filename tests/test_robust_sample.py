@@ -12,12 +12,10 @@ import os
 import subprocess
 import sys
 
-import pytest
 import torch
 
 from model import GPT, GPTConfig
 from support.checkpoints import save_checkpoint
-from support.runtime import RunError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = dict(vocab_size=320, block_size=16, n_layer=2, n_embd=32, n_head=2)

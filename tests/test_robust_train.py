@@ -22,7 +22,6 @@ from configurator import ConfigError, load_config
 from model import GPT, GPTConfig
 from support.runlog import RunLog, trim_replayed_rows
 from support.runtime import RunError
-from train import TrainConfig
 from test_train import ROOT, TINY, read_log, run, write_dataset
 
 
@@ -124,18 +123,18 @@ class _Cfg:
 
 def test_a_run_that_would_take_days_on_a_cpu_stops_unless_forced(capsys):
     log = RunLog.__new__(RunLog)                               # only what check_estimate reads
-    log.master, log.warned, log.device, log.cfg = True, False, "cpu", TrainConfig()
+    log.master, log.warned, log.device, log.cfg = True, False, "cpu", train.TrainConfig()
     log.check_estimate(3600.0, "1 s a step")                   # an hour: nothing said
     assert capsys.readouterr().out == ""
     with pytest.raises(RunError, match=r"about 10 days on cpu \(1 s a step\): on a CPU train "
                                        r"config/tiny_mesh\.py .* or pass --force"):
         log.check_estimate(10 * 86400.0, "1 s a step")
-    log.warned, log.cfg = False, TrainConfig(force=True)
+    log.warned, log.cfg = False, train.TrainConfig(force=True)
     log.check_estimate(10 * 86400.0, "1 s a step")
     log.check_estimate(10 * 86400.0, "1 s a step")
     out = capsys.readouterr().out
     assert out.count("warning:") == 1 and "running anyway (--force)" in out
-    log.device, log.warned, log.cfg = "cuda:0", False, TrainConfig()
+    log.device, log.warned, log.cfg = "cuda:0", False, train.TrainConfig()
     log.check_estimate(10 * 86400.0, "1 s a step")             # a GPU run is never stopped
     assert capsys.readouterr().out == ""
 

@@ -6,10 +6,6 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig
-from support.loop import configure_optimizers, get_lr, load_optimizer_state, make_trainer, optimizer_step
-from support.runtime import RunError
-from train import TrainConfig
 from test_gate import tiny_t2mlr
 
 

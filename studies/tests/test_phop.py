@@ -3,7 +3,6 @@ steps to learn (a run that never learns counts at the cap), loops at test time f
 and a tiny run resumed bit-equal to an uninterrupted one."""
 
 import json
-import os
 
 import pytest
 import torch

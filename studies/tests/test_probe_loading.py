@@ -1,19 +1,13 @@
 """
 Resume, sample.py and studies/probe.py on a checkpoint whose keys carry wrapper prefixes equal the clean checkpoint.
 """
-import dataclasses
 
-import pytest
 import torch
 
 from studies import probe
 import sample
 import train
-from model import GPT, GPTConfig
-from test_train import TINY, read_log, run, write_dataset
-from support.checkpoints import clean_state_dict, init_weights_from, load_checkpoint, load_model, save_checkpoint
-from support.runtime import RunError
-from train import TrainConfig
+from support.checkpoints import load_checkpoint
 from test_loading import train_tiny  # noqa: E402
 
 LLAMA = dict(flavour="llama", vocab_size=320, block_size=16, n_layer=3, n_embd=32, n_head=2, mlp_hidden=48)

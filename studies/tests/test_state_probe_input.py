@@ -1,17 +1,11 @@
 """
 studies.state_probe on input that used to end in a traceback: no sequences, a zero length, a bare checkpoint.
 """
-import dataclasses
 import os
-import subprocess
-import sys
 
 import pytest
-import torch
 
-from model import GPT, GPTConfig
 from studies import state_probe
-from support.checkpoints import save_checkpoint
 from support.runtime import RunError
 from test_robust_sample import write_run  # noqa: E402
 

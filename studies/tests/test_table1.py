@@ -1,35 +1,17 @@
 """
-studies/table1.py: the MeSH Table 1 suite on two checkpoints (local tasks), JSON and markdown side by side, resumed.
+studies/table1.py: the MeSH Table 1 suite on two checkpoints (local tasks), JSON and markdown side by side,
+resumed. Needs lm_eval (pip install -r requirements-eval.txt); skipped without it.
 """
-import functools
 import json
-import math
-import os
-import re
-import subprocess
-import sys
-from dataclasses import asdict
-from pathlib import Path
 
 import pytest
-import torch
-import torch.nn.functional as F
 
-REQUIRED = os.environ.get("NANOMESH_REQUIRE_LM_EVAL") == "1"
-if not REQUIRED:
-    pytest.importorskip("lm_eval", reason="the harness tests need lm_eval: pip install -r requirements-eval.txt")
+pytest.importorskip("lm_eval", reason="the Table 1 test needs lm_eval: pip install -r requirements-eval.txt")
 import lm_eval                                          # noqa: E402
-from lm_eval.api.instance import Instance               # noqa: E402
 from lm_eval.tasks import TaskManager                   # noqa: E402
 
-from model import GPT, GPTConfig                        # noqa: E402
 from support.harness import NanoLM                      # noqa: E402
-from support.tokenizers import get_tokenizer            # noqa: E402
-from test_equivalence import VARIANTS, build            # noqa: E402
-from test_harness import ROOT, local_tasks_only, offline, write_checkpoint, write_tasks  # noqa: E402,F401
-
-ROOT = Path(__file__).resolve().parent.parent
-BYTE = get_tokenizer("byte")
+from test_harness import local_tasks_only, offline, write_checkpoint, write_tasks  # noqa: E402,F401 (fixtures)
 
 
 def test_table1_suite_writes_json_and_markdown_side_by_side_and_resumes(tmp_path, monkeypatch, capsys,
