@@ -20,6 +20,7 @@ from support.data import load_meta
 from support.runtime import RunError
 
 from .figures import figures, plot_main
+from .gap import main as gap_main
 from .jacobi import starts_main, tolerance_main
 from .protocol import FLOPS_PER_S, FULL, QUICK, Protocol, flops_per_token, make_grid
 from .runs import Progress, est_seconds, load_summary, rounded, train_run, write_json
@@ -144,7 +145,7 @@ def study_main(argv):
         progress.start(i, run, out_dir)
         try:
             status = train_run(run, out_dir, args.data_dir, args.device)
-            summary = summarize(run, out_dir, args.data_dir, pr) | {"commit": git_commit()}
+            summary = summarize(run, out_dir, args.data_dir, pr) | {"commit": git_commit(), "device": args.device}
         except BaseException as e:
             progress.stop.set()
             if isinstance(e, KeyboardInterrupt):
@@ -214,6 +215,8 @@ def main(argv=None):
         return starts_main(argv[1:])
     if argv[:1] == ["tolerance"]:
         return tolerance_main(argv[1:])
+    if argv[:1] == ["gap"]:
+        return gap_main(argv[1:])
     return study_main(argv)
 
 

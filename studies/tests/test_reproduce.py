@@ -416,3 +416,24 @@ def test_tolerance_summary_pairs_seeds_and_calls_a_win_only_within_the_spread():
     assert jacobi.tolerance_summary(fixed, slower)["win"] is False
     with pytest.raises(ValueError, match="no seed"):
         jacobi.tolerance_summary(fixed, [run(7, 1.5, 1.0, 1.0)])
+
+
+def test_gap_rows_pair_mesh_with_base_by_seed(tmp_path):
+    """studies.reproduce.gap: the MeSH - base difference at each evaluation and at the end, paired by seed
+    (seed 2's base is missing, so only seeds 1 and 3 pair), in bits/byte."""
+    import json
+    import math
+    from studies.reproduce.gap import gap_rows
+    (tmp_path / "reproduce").mkdir()
+    losses = {("base", 1): 2.0, ("base", 3): 2.2, ("mesh", 1): 2.1, ("mesh", 2): 9.0, ("mesh", 3): 2.5}
+    for (arm, seed), loss in losses.items():
+        run = {"seed": seed, "steps": 10, "tokens_per_step": 100,
+               "curve": {"step": [0, 10], "val_loss": [5.0, loss * math.log(2)], "windows": 4},
+               "final": {"val_bpb": loss, "windows": 8}}
+        (tmp_path / "reproduce" / f"mesh_K2_{arm}_s{seed}.json").write_text(json.dumps(run))
+    rows = gap_rows(str(tmp_path))
+    assert [(r["tokens"], r["on"], r["n"]) for r in rows] == [
+        (0, "curve windows", 2), (1000, "curve windows", 2), (1000, "val split", 2)]
+    assert rows[0]["diff"] == pytest.approx(0.0)
+    assert rows[1]["diff"] == pytest.approx(0.2) and rows[2]["diff"] == pytest.approx(0.2)
+    assert rows[2]["ci"][0] < 0.2 < rows[2]["ci"][1]
