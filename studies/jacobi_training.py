@@ -1,0 +1,146 @@
+"""
+T²MLR trained in parallel (Jacobi sweeps) against token by token (exact), on the word problem of A5.
+
+The word-problem study (studies/word_problem.py) trains T²MLR exactly, on words of n = 16 = D, where a Jacobi
+forward is exact anyway. A user with a GPU trains with Jacobi sweeps (D = 16, b = 4: T²MLR paper §3.3) on
+sequences longer than D. This study trains the same T²MLR (the word-problem recipe: A5, the length curriculum,
+256 words a step, 2,000 steps) each way and asks where Jacobi training loses:
+
+- exact vs Jacobi D = 16, b = 4 at n = 32, and the control at n = 16 (the forward is exact there: only the
+  gradient is cut after b sweeps);
+- the positions past the exactness front: D = 32, b = 4 at n = 32 (the forward exact again);
+- the gradient cut: D = 16, b = 15 at n = 32.
+
+Each run is word_problem.run_one's (resumable; two processes share the runs through its lock), tested at
+every position up to 4n. Its JSON records the commit, train_n, D, b and the mode.
+
+    python -m studies.jacobi_training --worker          # every run of PLAN in order (skips finished ones)
+    python -m studies.jacobi_training --report          # report.json, report.md and the figure
+    python -m studies.jacobi_training --arm jacobi_D16_b4 --n 32 --seed 0   # one run
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+from studies import word_problem as wp
+from studies.common import git_commit, read_json, write_json
+from studies.reproduce.stats import mean_std, paired_stats
+from support.runtime import RunError
+
+# arm -> (training mode, D = jacobi_sweeps, b = jacobi_grad_sweeps); exact training uses neither
+ARMS = {"exact": ("exact", None, None), "jacobi_D16_b4": ("jacobi", 16, 4),
+        "jacobi_D32_b4": ("jacobi", 32, 4), "jacobi_D16_b15": ("jacobi", 16, 15)}
+SEEDS = (0, 1, 2)
+# the order runs are trained in: the comparison and its control seed by seed, then the isolating arms
+PLAN = ([(arm, n, s) for s in SEEDS for arm, n in (("exact", 32), ("jacobi_D16_b4", 32), ("exact", 16),
+                                                     ("jacobi_D16_b4", 16))]
+        + [(arm, 32, s) for s in SEEDS for arm in ("jacobi_D32_b4", "jacobi_D16_b15")])
+GROUP = "A5"
+OUT = "studies/results/jacobi_training"
+
+
+def spec(arm, n, seed, size=wp.FULL):
+    """word_problem.run_one's spec: T²MLR under the word-problem recipe at training length n, tested at
+    positions 1..4n, trained in `arm`'s mode with its D and b."""
+    mode, D, b = ARMS[arm]
+    size = dict(size, train_n=n, test_n=4 * n)
+    model = wp.matched_arms(size, GROUP)["t2mlr"]
+    if mode == "jacobi":
+        model = dict(model, config=model["config"] | {"jacobi_sweeps": D, "jacobi_grad_sweeps": b})
+    return wp.spec_of(size, "jacobi", GROUP, "t2mlr", seed, model, None, mode, tag=f"_{arm}_n{n}")
+
+
+def run(arm, n, seed, out=OUT, ckpt="out/jacobi_training", size=wp.FULL, log=print):
+    """Train (or resume, or return) one run; its JSON gains the commit, train_n, D, b and mode."""
+    s = spec(arm, n, seed, size)
+    paths = {"runs": out, "ckpt": ckpt}
+    result = wp.run_locked(s, paths, log, size.get("device", "cpu"))
+    if result is not None and "commit" not in result:
+        mode, D, b = ARMS[arm]
+        result |= {"commit": git_commit(), "arm": arm, "train_n": n, "D": D, "b": b, "mode": mode}
+        write_json(wp.run_json(paths, s), result)
+    return result
+
+
+def length_reached_at(r, n):
+    """The step the curriculum first trained length n (the full training length); None if never."""
+    return r.get("curriculum_lengths", {}).get(str(n))
+
+
+def summary(r):
+    n = r["train_n"]
+    acc = r["acc_by_position"]
+    return {"in_dist": sum(acc[:n]) / n, "beyond": sum(acc[n:]) / len(acc[n:]),
+            "steps_to_length": length_reached_at(r, n), "seconds_per_step": r["train_seconds"] / r["steps"]}
+
+
+def report(out=OUT):
+    """Per (arm, n): the seeds' accuracies, steps to reach the training length and time a step; paired
+    Δ to exact at the same n with 95% t intervals. Writes out/report.json and report.md."""
+    runs = {}
+    for name in sorted(os.listdir(out)) if os.path.isdir(out) else []:
+        if name.startswith("jacobi_") and name.endswith(".json"):
+            r = read_json(os.path.join(out, name))
+            if "arm" in r:
+                runs[(r["arm"], r["train_n"], r["spec"]["seed"])] = r
+    rows = []
+    for arm, n in dict.fromkeys([(a, n) for a, n, _ in PLAN] + sorted({(a, n) for a, n, _ in runs})):
+        mine = {s: summary(runs[(arm, n, s)]) for s in SEEDS if (arm, n, s) in runs}
+        if not mine:
+            continue
+        exact = {s: summary(runs[("exact", n, s)]) for s in SEEDS if ("exact", n, s) in runs}
+        row = {"arm": arm, "train_n": n, "D": ARMS[arm][1], "b": ARMS[arm][2], "seeds": sorted(mine)}
+        for key in ("in_dist", "beyond", "seconds_per_step"):
+            row[key] = mean_std([m[key] for m in mine.values()])
+        row["steps_to_length"] = {s: m["steps_to_length"] for s, m in mine.items()}
+        if arm != "exact" and set(mine) & set(exact):
+            row["beyond_minus_exact"] = paired_stats({s: m["beyond"] for s, m in mine.items()},
+                                                     {s: m["beyond"] for s, m in exact.items()})
+        rows.append(row)
+    write_json(os.path.join(out, "report.json"), {"group": GROUP, "rows": rows})
+    lines = ["| arm | n | D | b | seeds | positions 1..n | positions n+1..4n | Δ to exact [95% CI] | "
+             "step reaching n, per seed | s/step |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        d = r.get("beyond_minus_exact")
+        ci = f"{d['diff']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d and d["ci"] else "—"
+        lines.append(f"| {r['arm']} | {r['train_n']} | {r['D'] or '—'} | {r['b'] or '—'} | {len(r['seeds'])} | "
+                     f"{r['in_dist'][0]:.3f} | {r['beyond'][0]:.3f} ± {r['beyond'][1]:.3f} | {ci} | "
+                     f"{', '.join(str(v) if v is not None else 'never' for v in r['steps_to_length'].values())} | "
+                     f"{r['seconds_per_step'][0]:.2f} |")
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return rows
+
+
+def main(argv):
+    p = argparse.ArgumentParser(prog="python -m studies.jacobi_training", description=__doc__.split("\n")[1])
+    p.add_argument("--worker", action="store_true", help="train every run of the plan not yet finished")
+    p.add_argument("--report", action="store_true", help="the tables from the finished runs")
+    p.add_argument("--arm", choices=ARMS, help="one run: its arm")
+    p.add_argument("--n", type=int, default=32, help="one run: the training length (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="one run: its seed")
+    p.add_argument("--out", default=OUT, help=f"the runs' JSON and the report (default {OUT})")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (two workers: 1 each)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.n < 2:
+        raise RunError(f"--n {args.n}: the training length must be at least 2")
+    if args.arm:
+        run(args.arm, args.n, args.seed, args.out)
+    elif args.worker:
+        for i, (arm, n, seed) in enumerate(PLAN):
+            print(f"[{i + 1}/{len(PLAN)}] {arm} n={n} seed {seed}", flush=True)
+            run(arm, n, seed, args.out)
+    if args.report or args.worker:
+        report(args.out)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except RunError as e:
+        sys.exit(f"error: {e}")

@@ -1,0 +1,34 @@
+"""studies/jacobi_training.py: what each arm's spec changes, and a toy run's JSON and report."""
+
+import os
+
+from studies import jacobi_training as jt
+from studies import word_problem as wp
+
+
+def test_spec_sets_the_mode_D_b_and_lengths():
+    ex, ja = jt.spec("exact", 32, 0), jt.spec("jacobi_D16_b4", 32, 0)
+    assert (ex["train_mode"], ja["train_mode"]) == ("exact", "jacobi")
+    assert (ex["train_n"], ex["test_n"]) == (32, 128)
+    cfg = ja["model"]["config"]
+    assert (cfg["jacobi_sweeps"], cfg["jacobi_grad_sweeps"], cfg["block_size"]) == (16, 4, 128)
+    assert jt.spec("jacobi_D16_b15", 32, 1)["model"]["config"]["jacobi_grad_sweeps"] == 15
+    # everything else is the same model and recipe
+    assert {k: v for k, v in ja["model"]["config"].items() if not k.startswith("jacobi")} == \
+        {k: v for k, v in ex["model"]["config"].items() if not k.startswith("jacobi")}
+    assert ja["train"] == ex["train"] and ja["curriculum"] == ex["curriculum"]
+    assert jt.spec("exact", 16, 0)["test_n"] == 64
+
+
+def test_a_toy_run_records_its_setting_and_reports(tmp_path):
+    size = dict(wp.QUICK, steps=4, eval_interval=2)
+    out, ckpt = str(tmp_path / "runs"), str(tmp_path / "ckpt")
+    for arm in ("exact", "jacobi_D16_b4"):
+        r = jt.run(arm, 4, 0, out, ckpt, size, log=lambda *a: None)
+        assert (r["arm"], r["train_n"], r["mode"]) == (arm, 4, jt.ARMS[arm][0])
+        assert len(r["acc_by_position"]) == 16 and r["commit"]
+    again = jt.run("jacobi_D16_b4", 4, 0, out, ckpt, size, log=lambda *a: None)
+    assert again["D"] == 16 and again["b"] == 4
+    rows = jt.report(out)
+    assert [(r["arm"], r["train_n"]) for r in rows] == [("exact", 4), ("jacobi_D16_b4", 4)]
+    assert rows[1]["beyond_minus_exact"]["n"] == 1 and os.path.exists(os.path.join(out, "report.md"))
