@@ -209,12 +209,14 @@ def test_pythia_total_and_summary():
 # T²MLR
 
 def gate_direct(gate, x, r):
-    """The gate in the T²MLR paper's direct form, written apart from model.py's split one:
-    r~ = W_p r, g = [x ; r~], [a_r; a_x] = σ(A g + b), x' = x + tanh(θ_r) a_r ⊙ r~ + tanh(θ_x) a_x ⊙ x,
-    with A assembled from the stored x and r~ columns. x, r: (B, T, C) -> (B, T, C)."""
-    r = gate.proj(r)
-    A = torch.cat([gate.A_on_x.weight, gate.A_on_r.weight], dim=1)           # (2C, 2C) acting on [x ; r~]
-    a_r, a_x = torch.sigmoid(torch.cat([x, r], dim=-1) @ A.T + gate.A_on_x.bias).chunk(2, dim=-1)
+    """The gate in the T²MLR paper's form (T1), written apart from model.py's, by matrix products and
+    A's rows A_r, A_x: r~ = W_p r, g = [x ; r~], a_r = σ(A_r g + b_r), a_x = σ(A_x g + b_x),
+    x' = x + tanh(θ_r) a_r ⊙ r~ + tanh(θ_x) a_x ⊙ x. x, r: (B, T, C) -> (B, T, C)."""
+    C = x.shape[-1]
+    r = r @ gate.W_p.weight.T
+    g = torch.cat([x, r], dim=-1)
+    A_r, A_x, b_r, b_x = gate.A.weight[:C], gate.A.weight[C:], gate.A.bias[:C], gate.A.bias[C:]
+    a_r, a_x = torch.sigmoid(g @ A_r.T + b_r), torch.sigmoid(g @ A_x.T + b_x)
     return x + torch.tanh(gate.theta_r) * a_r * r + torch.tanh(gate.theta_x) * a_x * x
 
 
@@ -278,7 +280,7 @@ def test_jacobi_gradients_equal_exact_gradients(name):
         grads[mode] = {n: p.grad.clone() for n, p in model.named_parameters()}
     for n in grads["exact"]:
         assert torch.allclose(grads["jacobi"][n], grads["exact"][n], atol=1e-12, rtol=1e-10), n
-    assert grads["exact"]["gate.proj.weight"].abs().max() > 0      # the recurrence really carries gradient
+    assert grads["exact"]["gate.W_p.weight"].abs().max() > 0      # the recurrence really carries gradient
 
 
 def test_jacobi_exactness_front_and_convergence():
@@ -358,12 +360,12 @@ def test_state_update_clamps_its_stop_gradient_scale():
 
 
 def test_middle_step_gate_equals_the_direct_form():
-    """middle_step's split gate (x half + r half, masked by control flow) equals gate_direct at recurrent
+    """middle_step's gate (masked by control flow) equals gate_direct at recurrent
     positions and passes x through at the others."""
     model = identity_middle(build(**VARIANTS["t2mlr_llama"]))
     x, r = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     recurrent = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool).unsqueeze(-1)
-    h, _ = model.middle_step(x, r, recurrent_tokens=recurrent, x_part=model.gate.A_on_x(x))
+    h, _ = model.middle_step(x, r, recurrent_tokens=recurrent)
     want = torch.where(recurrent, gate_direct(model.gate, x, r), x)
     assert (h - want).abs().max() <= 1e-14 and (h - x)[recurrent.expand_as(x)].abs().min() > 0
 
@@ -448,7 +450,7 @@ def test_control_flow_gradients_jacobi_equal_exact(name):
         grads[mode] = {n: p.grad.clone() for n, p in model.named_parameters()}
     for n in grads["exact"]:
         assert torch.allclose(grads["jacobi"][n], grads["exact"][n], atol=1e-10, rtol=1e-8), n
-    assert grads["exact"]["gate.proj.weight"].abs().max() > 0
+    assert grads["exact"]["gate.W_p.weight"].abs().max() > 0
 
 
 def test_control_flow_all_recurrent_is_bit_identical_to_none():
@@ -517,7 +519,7 @@ def test_identity_gate_still_receives_gradient_with_control_flow():
     for mode in ("jacobi", "exact"):
         model.zero_grad()
         model(idx, targets, mode=mode, control=control)[1].backward()
-        grads[mode] = (model.gate.theta_r.grad.item(), model.gate.proj.weight.grad.abs().max().item())
+        grads[mode] = (model.gate.theta_r.grad.item(), model.gate.W_p.weight.grad.abs().max().item())
     assert abs(grads["jacobi"][0]) > 1e-6
     assert grads["jacobi"][0] == pytest.approx(grads["exact"][0], rel=1e-9, abs=1e-15)
     assert grads["jacobi"][1] == 0.0 and grads["exact"][1] == 0.0      # W_p is behind γ_r = tanh(0) = 0

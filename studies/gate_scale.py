@@ -9,8 +9,7 @@ initialisations:
                 every weight N(0, 0.02²), embeddings unscaled
 
 The gate's own initialisation (TemporalGate.reset_parameters: W_p the Linear default) is the same in both.
-The ratio is read from outside the model, by a forward pre-hook on model.gate (its args: x, r = R_{t-1},
-x_part) during the exact recurrence (eval mode), pooled over the positions that read a state: t >= 1 and,
+The ratio is read from outside the model, by a forward pre-hook on model.gate (its args: x, r = R_{t-1}) during the exact recurrence (eval mode), pooled over the positions that read a state: t >= 1 and,
 with a control flow, the recurrent tokens (c >= 2). At θ_r = θ_x = 0 the gate is an identity, so R_{t-1} is
 the state of the model at init whatever the branch's size.
 
@@ -58,7 +57,7 @@ class GateInputs:
         B, L, C = x.shape
         keep = torch.ones(B, L, dtype=torch.bool) if self.mask is None else self.mask[:, self.pos:self.pos + L]
         keep = keep & (torch.arange(self.pos, self.pos + L) >= 1)          # token 0 reads R_{-1} = 0
-        r_tilde = gate.proj(r).expand(B, L, C)
+        r_tilde = gate.W_p(r).expand(B, L, C)
         self.sum_r += r_tilde[keep].double().pow(2).sum().item()
         self.sum_x += x[keep].double().pow(2).sum().item()
         self.count += int(keep.sum()) * C

@@ -63,10 +63,7 @@ def train_flops_per_token(model: GPT, T: Optional[int] = None) -> float:
         fwd, bwd = passes[cfg.recurrent_layers[0]]
         if cfg.jacobi_init == "plain":     # the plain start's middle pass runs no gate
             fwd, bwd = fwd - 1, bwd - (cfg.jacobi_grad_sweeps >= cfg.jacobi_sweeps)
-        gate = model.gate
-        per_pass = sum(p.numel() for p in (*gate.proj.parameters(), *gate.A_on_r.parameters()))
-        flops += (fwd + 2 * bwd) * 2 * per_pass                                   # W_p and the r half, every sweep
-        flops += 6 * sum(p.numel() for p in gate.A_on_x.parameters())            # the x half once
+        flops += (fwd + 2 * bwd) * 2 * sum(p.numel() for p in model.gate.parameters())   # every sweep
     if model.mesh is not None:
         flops += 6 * sum(p.numel() for p in model.mesh.parameters())
     return flops + 6 * cfg.n_embd * cfg.vocab_size

@@ -196,7 +196,9 @@ def load_checkpoint(path):
         raise RunError(f"cannot read checkpoint {path}: {unreadable_reason(path, e)}") from None
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict)):
         raise RunError(f"{path} is not a checkpoint of train.py: it has no 'model' state dict")
-    ckpt["model"] = upgrade_state_dict(clean_state_dict(ckpt["model"], path))   # renamed parameters
+    stored = clean_state_dict(ckpt["model"], path)
+    ckpt["model"] = upgrade_state_dict(stored)                          # renamed parameters
+    ckpt["gate_joined"] = "gate.A.weight" in ckpt["model"] and "gate.A.weight" not in stored
     if isinstance(ckpt.get("model_config"), dict):       # fields renamed since the checkpoint was written
         ckpt["model_config"] = upgrade_config(ckpt["model_config"])
     return ckpt

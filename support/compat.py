@@ -3,9 +3,12 @@
 RENAMED_FIELDS maps an old GPTConfig key to its new name. A config file or --flag with an old name is
 read under the new one, with a one-line note (configurator.load_config); a checkpoint's stored
 model_config and a study's saved JSON are upgraded by upgrade_config. RENAMED_PARAMS maps an old
-parameter-name prefix of a model state dict to its new one; support.checkpoints.load_checkpoint
-applies upgrade_state_dict to every checkpoint it reads. Nothing here changes a value.
+parameter-name prefix of a model state dict to its new one, and the T²MLR gate's A, once stored by the
+input its columns act on, is joined into one matrix; support.checkpoints.load_checkpoint applies
+upgrade_state_dict to every checkpoint it reads. Nothing here changes a value.
 """
+
+import torch
 
 RENAMED_FIELDS = {
     "jacobi_iters": "jacobi_sweeps",            # D, the Jacobi sweeps per step
@@ -29,6 +32,7 @@ def upgrade_config(stored: dict) -> dict:
 RENAMED_PARAMS = {
     "gate.gates_x.": "gate.A_on_x.",   # T²MLR gate: the columns of A acting on x_t, and the biases
     "gate.gates_r.": "gate.A_on_r.",   # T²MLR gate: the columns of A acting on r~ = W_p R_{t-1}
+    "gate.proj.": "gate.W_p.",         # T²MLR gate: W_p
 }
 
 
@@ -41,4 +45,21 @@ def upgrade_state_dict(state: dict) -> dict:
         new = next((n + key[len(o):] for o, n in RENAMED_PARAMS.items() if key.startswith(o)), key)
         if new == key or new not in state:
             upgraded[new] = value
-    return upgraded
+    return join_gate_columns(upgraded)
+
+
+def join_gate_columns(state: dict) -> dict:
+    """The T²MLR gate's A (2C x 2C, acting on g = [x; r~]) from its two stored halves: A_on_x (its x
+    columns, with the biases [b_r; b_x]) and A_on_r (its r~ columns). A state dict without them is
+    returned as it is."""
+    if "gate.A_on_x.weight" not in state or "gate.A.weight" in state:
+        return state
+    joined = {}
+    for key, value in state.items():
+        if key == "gate.A_on_x.weight":
+            joined["gate.A.weight"] = torch.cat([value, state["gate.A_on_r.weight"]], dim=1)
+        elif key == "gate.A_on_x.bias":
+            joined["gate.A.bias"] = value
+        elif not key.startswith("gate.A_on_r."):
+            joined[key] = value
+    return joined

@@ -201,6 +201,9 @@ def resume(t: Trainer, ckpt, path, rank=0, world_size=1, data_gen=None):
         load_weights(t.raw_model, ckpt["model"], path)
     else:                                             # another module (the S5 study's LSTM): as saved
         t.raw_model.load_state_dict(ckpt["model"])
+    if ckpt.get("gate_joined"):
+        raise RunError(f"{path} was saved when the T²MLR gate's A was stored in two halves: its weights load "
+                       f"(sample.py, evaluation, --init_from={path}), its optimizer state cannot resume")
     load_optimizer_state(t.optimizer, ckpt["optimizer"], t.raw_model, path)
     if "scaler" in ckpt:                              # (the S5 study's older checkpoints have none)
         t.scaler.load_state_dict(ckpt["scaler"])

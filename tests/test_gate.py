@@ -56,8 +56,7 @@ def test_gate_groups_run_at_m_times_the_schedule_through_warmup_and_decay():
     names = group_names(model, trainer.optimizer)
     boosted = [n for n, g in zip(names, groups) if g["lr_scale"] == 5.0]
     assert set().union(*boosted) == gate_names(model) == {
-        "gate.proj.weight", "gate.A_on_x.weight", "gate.A_on_x.bias", "gate.A_on_r.weight", "gate.theta_r",
-        "gate.theta_x"}
+        "gate.W_p.weight", "gate.A.weight", "gate.A.bias", "gate.theta_r", "gate.theta_x"}
     assert all(not (n & gate_names(model)) for n, g in zip(names, groups) if g["lr_scale"] == 1.0)
     assert sum(len(n) for n in names) == len(list(model.named_parameters()))     # every parameter once
     for g in groups:
@@ -125,7 +124,7 @@ def test_optimizer_state_resumes_across_groupings(saved_m, resumed_m):
 def test_an_optimizer_state_of_another_model_is_refused():
     small, other = tiny_t2mlr(), tiny_t2mlr(n_layer=4, l_end=2)
     saved = configure_optimizers(other, 0.1, 1e-3, (0.9, 0.95), "cpu", 2.0).state_dict()
-    with pytest.raises(RunError, match=r"ckpt.pt: its optimizer state has groups of \[\d+, \d+, 3, 3\] "
+    with pytest.raises(RunError, match=r"ckpt.pt: its optimizer state has groups of \[\d+, \d+, 2, 3\] "
                                        r"parameters, which fit neither grouping"):
         load_optimizer_state(configure_optimizers(small, 0.1, 1e-3, (0.9, 0.95), "cpu"), saved, small, "ckpt.pt")
 
@@ -138,9 +137,8 @@ def gate_grads(model, x):
     model(x, x, mode="exact")[1].backward()
     C = model.cfg.n_embd
     g = model.gate
-    return {"W_p": g.proj.weight.grad, "A_r": torch.cat([g.A_on_x.weight.grad[:C], g.A_on_r.weight.grad[:C]], 1),
-            "b_r": g.A_on_x.bias.grad[:C], "A_x": torch.cat([g.A_on_x.weight.grad[C:], g.A_on_r.weight.grad[C:]], 1),
-            "b_x": g.A_on_x.bias.grad[C:], "theta_r": g.theta_r.grad, "theta_x": g.theta_x.grad}
+    return {"W_p": g.W_p.weight.grad, "A_r": g.A.weight.grad[:C], "b_r": g.A.bias.grad[:C],
+            "A_x": g.A.weight.grad[C:], "b_x": g.A.bias.grad[C:], "theta_r": g.theta_r.grad, "theta_x": g.theta_x.grad}
 
 
 def test_at_theta_r_zero_A_r_gets_no_gradient_and_W_p_only_through_the_x_gate():

@@ -151,10 +151,9 @@ def test_every_parameter_gets_a_gradient(arch):
         assert zero_grads() == []
     else:   # the gate starts as an exact identity, tanh(θ) = 0 times its other weights: only θ moves at first
         assert zero_grads() == [
-            "gate.proj.weight",
-            "gate.A_on_x.weight",
-            "gate.A_on_x.bias",
-            "gate.A_on_r.weight",
+            "gate.W_p.weight",
+            "gate.A.weight",
+            "gate.A.bias",
         ]
         with torch.no_grad():
             model.gate.theta_r.fill_(0.5), model.gate.theta_x.fill_(0.5)

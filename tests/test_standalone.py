@@ -156,10 +156,10 @@ def test_model_py_copied_alone_runs_every_variant(tmp_path):
 
     errors = out["errors"]
     assert errors["rope_pct"] == "rope_pct = 1.5 must be in [0, 1] or None"
-    assert errors["layout"].startswith("layout '2+4X2+2' is malformed; expected 'P+CRK+Q'")
-    assert errors["l_end"].startswith("l_start = 0, l_end = 2 must give 0 <= l_start <= l_end < n_layer = 2")
+    assert errors["layout"].startswith("layout = '2+4X2+2' must be '' (flat) or 'P+CRK+Q'")
+    assert errors["l_end"].startswith("l_start = 0 must be <= l_end = 2, both in -2 .. 1")
     assert errors["nan"] == "rope_theta = nan must be finite and > 0"
-    assert errors["mode"] == "mode 'fast' is not one of 'jacobi', 'exact', 'converged'"
+    assert errors["mode"] == "mode = 'fast' must be one of 'jacobi', 'exact', 'converged'"
     assert errors["temperature"] == "temperature = -0.5 must be >= 0 (0 = greedy)"
 
 
@@ -167,23 +167,35 @@ def test_model_py_copied_alone_runs_every_variant(tmp_path):
 # The gate's parameters under their old names
 
 def old_names(state: dict) -> dict:
-    """state with the gate's parameters under the names RENAMED_PARAMS maps from."""
-    new_to_old = {new: old for old, new in RENAMED_PARAMS.items()}
-    return {next((o + k[len(n):] for n, o in new_to_old.items() if k.startswith(n)), k): v
-            for k, v in state.items()}
+    """state as the oldest version stored it: W_p as gate.proj, and A in two halves by the input its
+    columns act on (gate.gates_x: the x columns and the biases; gate.gates_r: the r~ columns)."""
+    C = state["gate.W_p.weight"].shape[0]
+    old = {}
+    for key, value in state.items():
+        if key == "gate.W_p.weight":
+            old["gate.proj.weight"] = value
+        elif key == "gate.A.weight":
+            old["gate.gates_x.weight"], old["gate.gates_r.weight"] = value[:, :C], value[:, C:]
+        elif key == "gate.A.bias":
+            old["gate.gates_x.bias"] = value
+        else:
+            old[key] = value
+    return old
 
 
-def test_upgrade_state_dict_renames_the_gate_and_keeps_everything_else():
+def test_upgrade_state_dict_renames_and_joins_the_gate_and_keeps_everything_else():
     model = GPT(GPTConfig(vocab_size=64, block_size=8, n_embd=16, n_head=2, n_layer=3, t2mlr=True))
     state = model.state_dict()
     old = old_names(state)
-    assert {"gate.gates_x.weight", "gate.gates_x.bias", "gate.gates_r.weight"} <= set(old)
-    assert not any(k.startswith(("gate.A_on_x", "gate.A_on_r")) for k in old)
+    assert {"gate.gates_x.weight", "gate.gates_x.bias", "gate.gates_r.weight", "gate.proj.weight"} <= set(old)
     upgraded = upgrade_state_dict(old)
-    assert list(upgraded) == list(state) and all(upgraded[k] is state[k] for k in state)
+    assert list(upgraded) == list(state) and all(torch.equal(upgraded[k], state[k]) for k in state)
+    assert all(upgraded[k] is state[k] for k in state if not k.startswith("gate.A."))
+    middle = {k.replace("gates_x", "A_on_x").replace("gates_r", "A_on_r"): v for k, v in old.items()}
+    assert all(torch.equal(upgrade_state_dict(middle)[k], state[k]) for k in state)   # the names between
     assert upgrade_state_dict(state) == state                                   # new names stay
-    both = {**old, "gate.A_on_r.weight": torch.zeros(32, 16)}                   # a new key wins
-    assert torch.equal(upgrade_state_dict(both)["gate.A_on_r.weight"], torch.zeros(32, 16))
+    both = {**old, "gate.W_p.weight": torch.zeros(16, 16)}                      # a new key wins
+    assert torch.equal(upgrade_state_dict(both)["gate.W_p.weight"], torch.zeros(16, 16))
 
 
 def test_a_checkpoint_with_the_old_gate_names_loads_with_the_same_logits(tmp_path):
@@ -201,4 +213,4 @@ def test_a_checkpoint_with_the_old_gate_names_loads_with_the_same_logits(tmp_pat
         for mode in ("exact", "jacobi"):
             want = model(idx, mode=mode)[0]
             assert (loaded(idx, mode=mode)[0] - want).abs().max() <= 1e-6, mode
-    assert torch.equal(loaded.gate.A_on_x.weight, model.gate.A_on_x.weight)
+    assert torch.equal(loaded.gate.A.weight, model.gate.A.weight)

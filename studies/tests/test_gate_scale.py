@@ -22,7 +22,7 @@ def direct_ratio(model, idx, control=None):
         for t in range(T):
             keep = torch.ones(B, dtype=torch.bool) if control is None else control[:, t] >= 2
             if t >= 1:
-                rs.append(model.gate.proj(R)[keep])
+                rs.append(model.gate.W_p(R)[keep])
                 xs.append(x[:, t][keep])
             u = h[:, t] + R
             s = u.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
