@@ -204,11 +204,6 @@ def parse_layout(layout: str):
     return tuple(map(int, m.groups())) if m else None
 
 
-def layer(i: int, c) -> int:
-    """Layer index i of c's stack; a negative one counts from the end, as Python indexes a list."""
-    return i + c.n_layer if i < 0 else i
-
-
 def one_of(*values):
     return (lambda v, c: v in values), "one of " + ", ".join(map(repr, values))
 
@@ -218,7 +213,7 @@ CHECKS = {name: rule for names, rule in {
     "flavour": one_of("neox", "llama"), "weight_init": one_of("mesh", "reference"),
     "state_passing": one_of("base", "residual", "anchor", "anchor_star", "mesh"),
     "mesh_trans_router_in": one_of("pre", "emb"), "jacobi_init": one_of("zero", "plain"),
-    "mode": one_of("jacobi", "exact", "converged"), "prefill": one_of("exact", "converged"),
+    "prefill": one_of("exact", "converged"),
     "vocab_size block_size n_layer n_embd jacobi_sweeps": ((lambda v, c: v >= 1), ">= 1"),
     "n_head": (lambda v, c: v >= 1 and c.n_embd % v == 0, "a divisor of n_embd"),
     "n_kv_head": (lambda v, c: v >= 1 and c.n_head % v == 0, "a divisor of n_head"),
@@ -234,7 +229,8 @@ CHECKS = {name: rule for names, rule in {
     "layout": (lambda v, c: v == "" or min((parse_layout(v) or (0,) * 4)[1:3]) >= 1,
                "'' (flat) or 'P+CRK+Q': C >= 1 core layers looped K >= 1 times, e.g. '2+4R2+2'"),
     "t2mlr": (lambda v, c: not (v and c.layout), "False with a layout: T²MLR needs a flat stack"),
-    "l_start": (lambda v, c: not c.t2mlr or 0 <= layer(v, c) <= layer(c.l_end, c) < c.n_layer,
+    "l_start": (lambda v, c: not c.t2mlr or 0 <= min(c.recurrent_layers)
+                and c.recurrent_layers[0] <= c.recurrent_layers[1] < c.n_layer,
                 lambda c: f"<= l_end = {c.l_end}, both in -{c.n_layer} .. {c.n_layer - 1}"),
     "temperature": ((lambda v, c: v >= 0), ">= 0 (0 = greedy)"),
     "top_k": (lambda v, c: v is None or v >= 1, ">= 1 (sample from the k most likely) or None"),
@@ -294,6 +290,9 @@ class GPTConfig:
         self.rope_pct = (1.0 if llama else 0.25) if self.rope_pct is None else self.rope_pct
         self.bias = (not llama) if self.bias is None else self.bias
         self.tie_embeddings = llama if self.tie_embeddings is None else self.tie_embeddings
+        # T²MLR's (l_start, l_end) as layer indices; a negative one counts from the end (no wrap)
+        self.recurrent_layers = tuple(i + self.n_layer if i < 0 else i
+                                      for i in (self.l_start, self.l_end))
         check(self, **{name: getattr(self, name) for name in CHECKS if hasattr(self, name)})
         self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
         # derived: (n_prelude, n_core, K, n_coda), or (n_layer, 0, 0, 0) if flat
@@ -301,7 +300,6 @@ class GPTConfig:
         P, n_core, K, Q = self.depth
         # K loops; the distinct (parameter) layers; the layer applications per token (compute depth)
         self.n_loops, self.n_unique, self.n_unrolled = K, P + n_core + Q, P + n_core * K + Q
-        self.recurrent_layers = layer(self.l_start, self), layer(self.l_end, self)
 
 
 # -----------------------------------------------------------------------------
@@ -454,7 +452,8 @@ class GPT(nn.Module):
         RMS ends them); "converged" (a prefill): D = T, b = 0, its own tol, filling an empty cache.
         The lower layers run once (the reference reruns them in its final pass: same values)."""
         cfg = self.cfg
-        check(mode=mode)
+        if mode not in ("jacobi", "converged"):              # "exact" is exact_forward
+            raise ValueError(f"mode = {mode!r} must be one of 'jacobi', 'exact', 'converged'")
         if cache is not None and (mode == "jacobi" or cache.length):
             raise ValueError(f"mode {mode!r} cannot continue a cache of {cache.length} positions: "
                              f"use mode 'exact' ('converged' fills an empty one, for a prompt)")
