@@ -183,15 +183,25 @@ class TemporalGate(nn.Module):
         self.theta_r.zero_()
         self.theta_x.zero_()
 
-    def forward(self, x, r):
-        """(T1): x' from x (B, L, C), the input of l_start, and r = R_{t-1} (B, L or 1, C)."""
+    def forward(self, x, r, x_part=None):
+        """(T1): x' from x (B, L, C), the input of l_start, and r = R_{t-1} (B, L or 1, C); x_part:
+        x_columns(x), if the caller computed it once."""
         r_tilde = self.W_p(r).expand_as(x)                                            # W_p R_{t-1}
-        g = torch.cat([x, r_tilde], dim=-1)                                           # [x; r~]
-        a_r, a_x = torch.sigmoid(self.A(g)).chunk(2, dim=-1)                 # the local gates
+        if x_part is None:
+            a = self.A(torch.cat([x, r_tilde], dim=-1))                   # A g + b, g = [x; r~]
+        else:                                                                 # the same, split
+            a = x_part + F.linear(r_tilde, self.A.weight[:, x.shape[-1]:])
+        a_r, a_x = torch.sigmoid(a).chunk(2, dim=-1)                          # the local gates
         # θ are fp32 master weights; autocast leaves tanh in fp32 (as the reference)
         gamma_r = torch.tanh(self.theta_r).to(x.dtype)
         gamma_x = torch.tanh(self.theta_x).to(x.dtype)
         return x + gamma_r * a_r * r_tilde + gamma_x * a_x * x
+
+    def x_columns(self, x):
+        """Speed-up: A's x columns and biases on x, A[:, :C] x + b (B, L, 2C), for a caller that
+        runs the gate many times on the same x (every sweep, every token); forward(x, r,
+        x_columns(x)) equals forward(x, r): test_gate_x_columns_equal_the_gate."""
+        return F.linear(x, self.A.weight[:, :x.shape[-1]], self.A.bias)
 
 
 # -----------------------------------------------------------------------------
@@ -428,13 +438,14 @@ class GPT(nn.Module):
 
     # ---- time: T²MLR (arXiv 2607.15178; README (T1)-(T3)) ----------------------------------------
 
-    def middle_step(self, x, R_prev, pos: int = 0, caches=None, recurrent_tokens=None):
+    def middle_step(self, x, R_prev, pos: int = 0, caches=None, recurrent_tokens=None, x_part=None):
         """(T1) and (T2) at the positions of x (all of them in a Jacobi sweep, one token in the
         exact loop): x (B, L, C) the input of l_start, R_prev (B, L or 1, C) the state each reads,
         pos the position of x[:, 0]. Non-recurrent tokens (recurrent_tokens (B, L, 1) False) pass x
-        through and write their raw h. Returns (h (B, L, C), R (B, L, C) the states written)."""
+        through and write their raw h; x_part: gate.x_columns(x), the speed-up. Returns (h (B, L,
+        C), R (B, L, C) the states written)."""
         cfg = self.cfg
-        x_mixed = self.gate(x, R_prev)
+        x_mixed = self.gate(x, R_prev, x_part)
         if recurrent_tokens is not None:                       # non-recurrent tokens pass x through
             x_mixed = torch.where(recurrent_tokens, x_mixed, x)
         h = self.run_layers(x_mixed, self.middle, pos, caches)
@@ -463,12 +474,13 @@ class GPT(nn.Module):
         caches = cache.layers if cache is not None else [None] * cfg.n_layer      # one per layer
         x = self.run_layers(h_emb, self.lower, 0, caches[:l_start])  # the same in every sweep
         recurrent_tokens = None if control is None else (control > 1).unsqueeze(-1)
+        x_part = self.gate.x_columns(x)                        # the speed-up: once, not every sweep
 
         def shift(R):     # R_t written at position t is read by token t + 1; token 0 reads R_{-1}=0
             return F.pad(R[:, :-1], (0, 0, 1, 0))
 
         def sweep(R_prev):  # R^(j) from R^(j-1), all positions in parallel
-            _, R = self.middle_step(x, R_prev, recurrent_tokens=recurrent_tokens)
+            _, R = self.middle_step(x, R_prev, recurrent_tokens=recurrent_tokens, x_part=x_part)
             return shift(R)
 
         grad = torch.is_grad_enabled()
@@ -492,7 +504,7 @@ class GPT(nn.Module):
                 R_prev = sweep(R_prev)
         # the final sweep: its middle output goes on (and fills the middle layers' caches)
         h, R = self.middle_step(x, R_prev, caches=caches[l_start:l_end + 1],
-                                recurrent_tokens=recurrent_tokens)
+                                recurrent_tokens=recurrent_tokens, x_part=x_part)
         if cache is not None:
             cache.R = R[:, -1:]                                # R_{T-1}: decoding continues from it
         return self.run_layers(h, self.upper, 0, caches[l_end + 1:])
@@ -511,6 +523,7 @@ class GPT(nn.Module):
         middle_caches = caches[l_start:l_end + 1] if cache is not None else \
             [LayerCache(T) for _ in self.middle]
         recurrent_tokens = None if control is None else (control > 1).unsqueeze(-1)
+        x_part = self.gate.x_columns(x)                        # the speed-up: once, not every token
         R = cache.R if cache is not None and cache.R is not None else x.new_zeros(B, 1, C)
         # the chunks: one token each, except that a span where no row is recurrent is one chunk
         reads = [True] * T if recurrent_tokens is None else \
@@ -520,7 +533,7 @@ class GPT(nn.Module):
         for t, stop in zip(chunk_starts, chunk_starts[1:] + [T]):
             chunk = None if recurrent_tokens is None else recurrent_tokens[:, t:stop]
             h_t, R_t = self.middle_step(x[:, t:stop], R, pos=pos + t, caches=middle_caches,
-                                        recurrent_tokens=chunk)
+                                        recurrent_tokens=chunk, x_part=x_part[:, t:stop])
             R = R_t[:, -1:]
             outputs.append(h_t)
         if cache is not None:

@@ -359,6 +359,23 @@ def test_state_update_clamps_its_stop_gradient_scale():
     assert torch.equal(model.middle_step(x, torch.ones(1, 1, 32))[1], x)
 
 
+def test_gate_x_columns_equal_the_gate():
+    """The fenced speed-up TemporalGate.x_columns: A's x columns applied to x once, then A's r~ columns per
+    call, give the gate of (T1) (gate_direct): values, and the gradients of x, R and every gate weight."""
+    gate = build(**VARIANTS["t2mlr_llama"]).gate
+    x, r = torch.randn(2, 5, 32, requires_grad=True), torch.randn(2, 1, 32, requires_grad=True)
+    grads = {}
+    for name, out in (("direct", lambda: gate_direct(gate, x, r.expand(2, 5, 32))),
+                      ("split", lambda: gate(x, r, gate.x_columns(x)))):
+        gate.zero_grad(), setattr(x, "grad", None), setattr(r, "grad", None)
+        y = out()
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        grads[name] = (y.detach(), x.grad, r.grad, *(p.grad for p in gate.parameters()))
+    for want, got in zip(grads["direct"], grads["split"]):
+        assert (want - got).abs().max() <= 1e-13
+    assert grads["split"][3].abs().max() > 0                                    # W_p gets a gradient
+
+
 def test_middle_step_gate_equals_the_direct_form():
     """middle_step's gate (masked by control flow) equals gate_direct at recurrent
     positions and passes x through at the others."""

@@ -66,9 +66,9 @@ def lower_output(model, idx):
     return model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, model.lower, 0)
 
 
-def logits_from_state(model, x, state, recurrent=None):
+def logits_from_state(model, x, state, x_part=None, recurrent=None):
     """The final sweep from a given state R^(D-1): middle_step, the upper layers and the head."""
-    h, _ = model.middle_step(x, state, recurrent_tokens=recurrent)
+    h, _ = model.middle_step(x, state, recurrent_tokens=recurrent, x_part=x_part)
     return model.lm_head(model.ln_f(model.run_layers(h, model.upper, 0)))
 
 
@@ -78,20 +78,20 @@ def fixed_d_logits(model, idx, control=None):
     cfg = model.cfg
     grad = torch.is_grad_enabled()
     x = lower_output(model, idx)
-    recurrent = None if control is None else (control > 1).unsqueeze(-1)
+    x_part, recurrent = model.gate.x_columns(x), None if control is None else (control > 1).unsqueeze(-1)
     state = torch.zeros_like(x)
     for d in range(cfg.jacobi_sweeps - 1):
         with torch.set_grad_enabled(grad and cfg.jacobi_sweeps - 1 - d <= cfg.jacobi_grad_sweeps):
-            state = shift(model.middle_step(x, state, recurrent_tokens=recurrent)[1])
-    return logits_from_state(model, x, state, recurrent)
+            state = shift(model.middle_step(x, state, recurrent_tokens=recurrent, x_part=x_part)[1])
+    return logits_from_state(model, x, state, x_part, recurrent)
 
 
 def sweep_changes(model, idx, sweeps):
     """`sweeps` Jacobi sweeps by hand: (x, states R^(0..sweeps), changes max|R^(k) - R^(k-1)| / RMS(R^(k)))"""
     x = lower_output(model, idx)
-    states, changes = [torch.zeros_like(x)], []                                   # R^(0)
+    x_part, states, changes = model.gate.x_columns(x), [torch.zeros_like(x)], []   # R^(0)
     for _ in range(sweeps):
-        states.append(shift(model.middle_step(x, states[-1])[1]))
+        states.append(shift(model.middle_step(x, states[-1], x_part=x_part)[1]))
         changes.append(((states[-1] - states[-2]).abs().max() / states[-1].pow(2).mean().sqrt()).item())
     return x, states, changes
 
@@ -131,7 +131,7 @@ def test_tol_stop_is_within_the_bound_it_implies(tol):
         logits = model(idx, mode="jacobi")[0]
         # k sweeps + the final pass, which started from R^(k)
         assert model.passes.n == k + 1 < T
-        assert torch.equal(logits, logits_from_state(model, x, states[k]))
+        assert torch.equal(logits, logits_from_state(model, x, states[k], model.gate.x_columns(x)))
     # Δ_{k+1}, Δ_{k+2}, ...
     deltas = [(b - a).abs().max().item() for a, b in zip(states[k:], states[k + 1:])]
     # float64 rounding of O(1) states: ratios below it are noise
@@ -282,8 +282,8 @@ def test_plain_start_is_the_shifted_unmixed_middle_pass():
     with torch.no_grad():
         x = lower_output(model, idx)
         start = shift(model.run_layers(x, model.middle, 0))                            # R^(0)
-        want = logits_from_state(model, x, start)
-        zero = logits_from_state(model, x, torch.zeros_like(x))
+        want = logits_from_state(model, x, start, model.gate.x_columns(x))
+        zero = logits_from_state(model, x, torch.zeros_like(x), model.gate.x_columns(x))
         assert torch.equal(model(idx, mode="jacobi")[0], want) and model.passes.n == 2
     assert (want - zero)[:, 1:].abs().max() > 1e-6                                  # the start matters
 

@@ -123,11 +123,11 @@ def test_flop_accounting_counts_unrolled_depth_and_sweeps():
     assert layer_passes(t2mlr) == [(1, 1), (5, 3), (5, 3), (1, 1)]
     plain = GPT(GPTConfig(**TINY, n_layer=4))
     layer = train_flops_per_token(plain) - train_flops_per_token(GPT(GPTConfig(**TINY, n_layer=3)))
-    # the gate (W_p, A and its biases, θ): every pass
-    per_pass = 5 * 32 * 32 + 2 * 32 + 2                                          # 5C² + 2C + 2, C = 32
-    assert per_pass == sum(p.numel() for p in t2mlr.gate.parameters())
+    C = 32
+    per_pass = C * C + 2 * C * C          # W_p and A's r~ columns: every pass
+    once = 2 * C * C + 2 * C              # A's x columns and the biases: once a forward (x_columns)
     expected = (train_flops_per_token(plain) + 2 * (5 - 1 + 2 * (3 - 1)) * layer / 3
-                + 2 * (5 + 2 * 3) * per_pass)
+                + 2 * (5 + 2 * 3) * per_pass + 6 * once)
     assert train_flops_per_token(t2mlr) == pytest.approx(expected)
 
 

@@ -107,12 +107,9 @@ class Protocol:
     gap_windows: int = 64
     gap_depths: tuple = (1, 2, 4, 8, 16)
     probe_seqs: int = 32
-    plain_flops_steps: Optional[int] = None   # None: from t2mlr's FLOPs (flops_steps)
 
 
-# The committed runs gave plain_flops 396 steps: t2mlr's FLOPs under the model.py they ran, whose gate
-# applied A's x half once a step; today's gate applies all of A in every sweep (403 steps, 5.04x).
-FULL = Protocol("full", plain_flops_steps=396)
+FULL = Protocol("full")
 QUICK = Protocol(
     "quick",
     n_embd=32,
@@ -216,8 +213,6 @@ def _flops_per_token(key):
 
 def flops_steps(pr):
     """Steps of plain_flops: the plain model given the training FLOPs of t2mlr's t2mlr_steps steps."""
-    if pr.plain_flops_steps is not None:
-        return pr.plain_flops_steps
     ratio = flops_per_token(llama_model(pr, True)) / flops_per_token(llama_model(pr))
     return round(pr.t2mlr_steps * ratio)
 

@@ -142,11 +142,7 @@ def test_grid_is_paired_and_uses_one_protocol():
     assert [r.seed for r in runs] == sorted(r.seed for r in runs)
     t2 = [r for r in runs if r.study == "t2mlr"]
     flops = {r.arm: protocol.flops_per_token(r.model) * r.steps for r in t2 if r.seed == 1}
-    # the committed runs' 396 steps: t2mlr's FLOPs under the gate they ran (A's x half once a step)
-    assert flops["plain_flops"] == pytest.approx(flops["t2mlr"], rel=0.02)
-    unpinned = replace(protocol.FULL, plain_flops_steps=None)
-    steps = protocol.flops_steps(unpinned)
-    assert steps * protocol.flops_per_token(t2[0].model) == pytest.approx(flops["t2mlr"], rel=0.005)
+    assert flops["plain_flops"] == pytest.approx(flops["t2mlr"], rel=0.01)     # equal training FLOPs
     assert {r.steps for r in t2 if r.arm in ("plain", "t2mlr")} == {protocol.FULL.t2mlr_steps}
     assert {r.steps for r in t2 if r.arm == "plain_224"} == {round(2.24 * protocol.FULL.t2mlr_steps)}
 
