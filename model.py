@@ -22,8 +22,8 @@ import torch.nn.functional as F
 # The transformer layer: attention with rotary and an optional KV cache, MLP
 
 class LayerCache:
-    """Keys and values of one layer application, at most `max_len` positions. update(k, v) appends
-    (B, n_kv_head, T, hs) tensors and returns all cached ones; RuntimeError on an overflow."""
+    """Keys and values of one layer application, at most `max_len` positions: update(k, v) appends
+    (B, n_kv_head, T, hs) tensors and returns all of them (their concatenation); no overflow."""
 
     def __init__(self, max_len: int):
         self.max_len, self.k, self.v, self.length = max_len, None, None, 0
@@ -31,15 +31,26 @@ class LayerCache:
     def update(self, k, v):
         if self.length + k.shape[2] > self.max_len:
             raise RuntimeError(f"KV cache full: {self.length} + {k.shape[2]} > {self.max_len}")
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        self.length = self.k.shape[2]
-        return self.k, self.v
+        if torch.is_grad_enabled() or (self.k is not None and self.k.shape[2] < self.max_len):
+            self.k = k if self.k is None else torch.cat([self.k, k], dim=2)      # under autograd
+            self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        else:
+            self.write_in_place(k, v)
+        self.length += k.shape[2]
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+    def write_in_place(self, k, v):
+        """Speed-up (no autograd): k, v written into buffers of max_len positions, so that update
+        returns what concatenating does (test_cache_in_place_equals_concatenation)."""
+        if self.k is None:
+            self.k, self.v = (t.new_empty(*t.shape[:2], self.max_len, t.shape[3]) for t in (k, v))
+        self.k[:, :, self.length:self.length + k.shape[2]] = k
+        self.v[:, :, self.length:self.length + v.shape[2]] = v
 
 
 class InferenceCache:
-    """What generation carries between calls: `layers`, one LayerCache per layer application in the
-    order they run (a core layer looped K times has K); `R`, T²MLR's state R_{t-1} (B, 1, C)."""
+    """Carried between generation's calls: `layers`, a LayerCache per layer application (a core
+    layer looped K times has K), in order; `R`, T²MLR's state R_{t-1} (B, 1, C)."""
 
     def __init__(self, n_applications: int, max_len: int):
         self.layers, self.R = [LayerCache(max_len) for _ in range(n_applications)], None
@@ -276,11 +287,9 @@ class GPTConfig:
     norm_eps: float = 1e-5
     embed_scale: bool = True         # embeddings times sqrt(C) (MeSH §4.1); False: Pythia, SmolLM2
     weight_init: str = "mesh"        # "mesh" (GPT.init_weights) or "reference" (T²MLR's, HF Llama)
-    # MeSH and the heuristic state passings (MeSH paper §3.1-3.2); state_passing "mesh" is MeSH
-    state_passing: str = "base"      # h_sup: base 0, residual h(t), anchor h(0), anchor_star h_emb
+    state_passing: str = "base"      # h_sup of (M1): base, residual, anchor, anchor_star; mesh (M2)
     mesh_slots: Optional[int] = None  # n_slots (the paper's B); None = K + 3 (MeSH §4.4, Table 3)
     mesh_trans_router_in: str = "pre"  # transitional routers read h_pre (our reading) or "emb"
-    # T²MLR (gate, state update and Jacobi training as the reference has them)
     t2mlr: bool = False              # temporal middle-layer recurrence on layers l_start..l_end
     l_start: int = 0                 # first recurrent layer (the gate at its input); < 0: from end
     l_end: int = -1                  # last recurrent layer (the state from its output); inclusive
@@ -342,10 +351,9 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """MeSH §4.1 (Huginn's base std, Geiping et al. 2025, where the paper states none): weights
-        N(0, 2/(5C)), biases 0, norms 1, attention-out and MLP-down std / sqrt(2 · unrolled depth);
-        the routers too (never zero: the empty slots would stay identical; our choice); the gate
-        its own. weight_init "reference": the T²MLR reference's (HF Llama) N(0, 0.02²), unscaled."""
+        """MeSH §4.1 (Huginn's base std where the paper gives none): weights N(0, 2/(5C)), biases 0,
+        attention-out and MLP-down std / sqrt(2 · unrolled depth); the routers too (never zero:
+        ours); the gate its own. weight_init "reference": the T²MLR code's N(0, 0.02²), unscaled."""
         std = 0.02 if self.cfg.weight_init == "reference" else math.sqrt(2 / (5 * self.cfg.n_embd))
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):       # norms keep their 1 and 0
@@ -362,12 +370,11 @@ class GPT(nn.Module):
     # ---- forward: idx -> logits, one branch per variant ------------------------------------------
 
     def forward(self, idx, targets=None, mode=None, cache=None, control=None, tol: float = 0.0):
-        """idx (B, T) token ids; targets (B, T), -1 ignored -> (logits (B, T, V), loss or None).
-        cache: an InferenceCache that idx continues (positions cache.length..), updated in place.
-        T²MLR only: mode "jacobi" (D sweeps, how it trains), "exact" (token by token, the true
-        model) or "converged" (sweeps until the state moves less than `tol`, a prefill); None =
-        "jacobi" in train() without a cache, else "exact". control: (B, T) ints, the reference's
-        c_t: 0 padding, 1 non-recurrent (a prompt), >= 2 recurrent; None = all recurrent."""
+        """idx (B, T) token ids; targets (B, T), -1 ignored -> (logits (B, T, V), loss or None);
+        cache: an InferenceCache that idx continues, updated in place. T²MLR only: mode "jacobi" (D
+        sweeps: training), "exact" (token by token) or "converged" (sweeps until the state moves
+        less than tol: a prefill), None = "jacobi" in train() without a cache, else "exact";
+        control (B, T): the reference's c_t, 0 pad, 1 non-recurrent, >= 2 recurrent (None: all)."""
         cfg, pos = self.cfg, cache.length if cache is not None else 0      # position of idx[:, 0]
         if pos + idx.shape[1] > cfg.block_size:
             raise ValueError(f"{pos + idx.shape[1]} tokens exceeds block_size = {cfg.block_size}")
@@ -391,8 +398,7 @@ class GPT(nn.Module):
 
     def rotary(self, dtype, device, pos: int, T: int):
         """The rotary tables (cos, sin), each (T, 1, rot_dim = head_dim·rope_pct, even), of the
-        positions pos..pos+T-1, made once per (dtype, device) in float64 for a float64 stream, else
-        float32; kept off the buffers, so `model.to(dtype)` never casts them."""
+        positions pos..pos+T-1: float64 for a float64 stream, else float32; no buffers, no casts."""
         key = (torch.promote_types(dtype, torch.float32), device)
         if key not in self.rotary_cache:
             cfg, dtype = self.cfg, key[0]
@@ -439,11 +445,10 @@ class GPT(nn.Module):
     # ---- time: T²MLR (arXiv 2607.15178; README (T1)-(T3)) ----------------------------------------
 
     def middle_step(self, x, R_prev, pos: int = 0, caches=None, recurrent_tokens=None, x_part=None):
-        """(T1) and (T2) at the positions of x (all of them in a Jacobi sweep, one token in the
-        exact loop): x (B, L, C) the input of l_start, R_prev (B, L or 1, C) the state each reads,
-        pos the position of x[:, 0]. Non-recurrent tokens (recurrent_tokens (B, L, 1) False) pass x
-        through and write their raw h; x_part: gate.x_columns(x), the speed-up. Returns (h (B, L,
-        C), R (B, L, C) the states written)."""
+        """(T1), (T2) at the positions of x (all in a Jacobi sweep, one token in the exact loop): x
+        (B, L, C) the input of l_start at pos.., R_prev (B, L or 1, C) the state each reads, x_part
+        gate.x_columns(x); non-recurrent tokens (recurrent_tokens (B, L, 1) False) pass x through
+        and write their raw h. Returns (h (B, L, C), R (B, L, C) the states written)."""
         cfg = self.cfg
         x_mixed = self.gate(x, R_prev, x_part)
         if recurrent_tokens is not None:                       # non-recurrent tokens pass x through
@@ -458,10 +463,9 @@ class GPT(nn.Module):
 
     def jacobi_forward(self, h_emb, control=None, mode="jacobi", tol: float = 0.0, cache=None):
         """(T3), h_emb (B, T, C) -> the top output (B, T, C): D sweeps, the last one's output going
-        on (positions < D exact), gradient through it and the b sweeps before it. mode "jacobi":
-        the config's D, b and jacobi_tol (a no-grad sweep that moved the state by at most tol of its
-        RMS ends them); "converged" (a prefill): D = T, b = 0, its own tol, filling an empty cache.
-        The lower layers run once (the reference reruns them in its final pass: same values)."""
+        on, gradient through it and the b before it; a no-grad sweep that moved the state by <= tol
+        of its RMS ends them. "jacobi": the config's D, b, tol; "converged" (a prefill): D = T, b =
+        0, filling an empty cache. The lower layers run once (the reference reruns them: same)."""
         cfg = self.cfg
         if mode not in ("jacobi", "converged"):              # "exact" is exact_forward
             raise ValueError(f"mode = {mode!r} must be one of 'jacobi', 'exact', 'converged'")
@@ -510,10 +514,9 @@ class GPT(nn.Module):
         return self.run_layers(h, self.upper, 0, caches[l_end + 1:])
 
     def exact_forward(self, h_emb, control=None, cache=None):
-        """The exact recurrence (the paper's definition), h_emb (B, T, C) -> the top output (B, T,
-        C): the middle layers token by token, each reading the R_{t-1} written before it and the
-        KV cache of the tokens before it (the call's own without `cache`); a span where no row is
-        recurrent (a prompt) goes through in one chunk. The state continues from cache.R."""
+        """The exact recurrence, h_emb (B, T, C) -> the top output (B, T, C): the middle layers
+        token by token, each reading the R_{t-1} and the keys written before it; a span where no
+        row is recurrent (a prompt) goes in one chunk. The state continues from cache.R."""
         B, T, C = h_emb.shape
         pos = cache.length if cache is not None else 0
         l_start, l_end = self.cfg.recurrent_layers
@@ -551,11 +554,10 @@ class GPT(nn.Module):
                  top_k: Optional[int] = None, generator: Optional[torch.Generator] = None,
                  recurrent_prompt: bool = False, prefill: str = "exact", prefill_tol: float = 0.0):
         """Continue idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), each
-        from the model's last logits on the last block_size tokens, as a full recompute gives them:
-        a KV cache while the sequence fits, a recomputed window once it slides (nanoGPT's).
-        temperature 0 = greedy; top_k keeps the k most likely. T²MLR: the prompt is non-recurrent
-        (c = 1, as the reference generates) unless recurrent_prompt (c = 2, as train.py trains),
-        prefilled "exact" or "converged" (to prefill_tol); generated tokens are recurrent, exact."""
+        from the last logits on the last block_size tokens: a KV cache while the sequence fits, a
+        recomputed window once it slides. temperature 0 = greedy; top_k keeps the k most likely.
+        T²MLR: the prompt is non-recurrent (c = 1, as the reference generates) unless
+        recurrent_prompt (c = 2), prefilled "exact" or "converged"; new tokens recurrent, exact."""
         check(prefill=prefill, prefill_tol=prefill_tol, temperature=temperature, top_k=top_k)
         window, cache = self.cfg.block_size, self.new_cache()   # every layer's keys, values; R
         control = torch.full_like(idx, 2 if recurrent_prompt else 1)   # (B, T), grows with idx

@@ -16,7 +16,7 @@ Run: python -m pytest -q test_equivalence.py
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, LayerCache
 from support.accounting import param_counts, summary
 
 
@@ -357,6 +357,22 @@ def test_state_update_clamps_its_stop_gradient_scale():
     assert torch.allclose(small, torch.full((1, 1, 32), 0.5 / 0.250001 ** 0.5), atol=1e-15, rtol=0)
     model.cfg.recurrent_residual = False                                # R_t = h_t, the raw l_end output
     assert torch.equal(model.middle_step(x, torch.ones(1, 1, 32))[1], x)
+
+
+def test_cache_in_place_equals_concatenation():
+    """The fenced speed-up LayerCache.write_in_place (no autograd): chunks written into max_len buffers give
+    what concatenating them does (the form used under autograd), at every call, and the same overflow."""
+    chunks = [torch.randn(2, 3, T, 4) for T in (5, 1, 1, 3)]
+    in_place, concatenated = LayerCache(16), LayerCache(16)
+    for c in chunks:
+        with torch.no_grad():
+            k, v = in_place.update(c, -c)
+        with torch.enable_grad():
+            k_cat, v_cat = concatenated.update(c, -c)
+        assert torch.equal(k, k_cat) and torch.equal(v, v_cat) and in_place.length == concatenated.length
+    assert in_place.k.shape[2] == 16 and concatenated.k.shape[2] == 10           # buffers vs exact size
+    with torch.no_grad(), pytest.raises(RuntimeError, match="KV cache full: 10 \\+ 7 > 16"):
+        in_place.update(torch.randn(2, 3, 7, 4), torch.randn(2, 3, 7, 4))
 
 
 def test_gate_x_columns_equal_the_gate():
