@@ -501,7 +501,7 @@ def rerun(overrides, root="out/s5_rerun", results_path="studies/results/s5_rerun
     an arm) continue to full_steps (resumed: the same run as if never stopped). Resumable at every stage (a stopped
     arm continues, a finished one is reused). Writes results_path: per arm its θ_r and loss curves, its
     state and code accuracy at the longest training n and at twice it, and setting A's earlier numbers
-    (assets/s5_retrieval.json). Returns that dict."""
+    (studies/results/figures/s5_retrieval.json). Returns that dict."""
     def out_dir_of(name):
         return os.path.join(root, re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_"))
 
@@ -542,10 +542,10 @@ def rerun(overrides, root="out/s5_rerun", results_path="studies/results/s5_rerun
                 "per_n": r["per_n"]}
 
     earlier = {}
-    if os.path.exists("assets/s5_retrieval.json"):
-        with open("assets/s5_retrieval.json") as f:
+    if os.path.exists("studies/results/figures/s5_retrieval.json"):
+        with open("studies/results/figures/s5_retrieval.json") as f:
             old = json.load(f)["results"]["T²MLR"]
-        earlier = {"source": "assets/s5_retrieval.json (setting A, Jacobi D = 16, 2,000 steps); θ_r from "
+        earlier = {"source": "studies/results/figures/s5_retrieval.json (setting A, Jacobi D = 16, 2,000 steps); θ_r from "
                              "studies/s5.md", "theta_r": -0.018,
                    **{f"{k}@{n}": old["per_n"][str(n)][k] for n in (12, 24)
                       for k in ("state_acc", "code_acc", "token_acc")}}

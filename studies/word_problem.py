@@ -914,14 +914,14 @@ def plot_depth_vs_time(doc, paths):
 
 def study_paths(root=None, report_only=False):
     """Where a study reads and writes. The default root is the committed one (the runs in
-    studies/results/word_problem, the figures in assets/); a report of it alone goes to
+    studies/results/word_problem, the figures in studies/results/figures/); a report of it alone goes to
     out/word_problem_report, so that reading the tables rewrites no tracked file."""
     if root is None and report_only:
         return dict(study_paths(), json="out/word_problem_report/word_problem.json",
                     assets="out/word_problem_report")
     if root is None:
         return {"runs": "studies/results/word_problem", "ckpt": "out/word_problem",
-                "json": "studies/results/word_problem.json", "assets": "assets"}
+                "json": "studies/results/word_problem.json", "assets": "studies/results/figures"}
     return {"runs": os.path.join(root, "runs"), "ckpt": os.path.join(root, "ckpt"),
             "json": os.path.join(root, "word_problem.json"), "assets": root}
 
@@ -1068,7 +1068,7 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="every stage at toy size, into out/word_problem_quick")
     p.add_argument("--gpu", action="store_true", help="the GPU config, into out/word_problem_gpu")
     p.add_argument("--report", action="store_true", help="the JSON and figures from the finished runs")
-    p.add_argument("--root", help="the study's folder (default: studies/results/word_problem + assets/)")
+    p.add_argument("--root", help="the study's folder (default: studies/results/word_problem + studies/results/figures/)")
     p.add_argument("--stage", choices=STAGES, action="append", help="run only this stage (repeatable)")
     p.add_argument("--group", choices=GROUPS, help="one run: the group; without --arm: the stages' runs of it")
     p.add_argument("--arm", choices=ARMS, help="one run: the arm")

@@ -12,7 +12,7 @@ Reproduce both papers' findings at laptop scale, with paired seeds and 95% confi
 
 Everything is trained by train.py (`train.main(argv)`, in this process) and probed with studies/probe.py;
 this package only lays out the grid, pairs the seeds, collects the numbers and draws them. Results go to
-studies/results/ (reproduce/<run>.json per finished run, reproduce.json, reproduce.md), figures to assets/.
+studies/results/ (reproduce/<run>.json per finished run, reproduce.json, reproduce.md), figures to studies/results/figures/.
 
 The parts, each readable on its own, in the order a run passes through them:
 
