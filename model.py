@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 class LayerCache:
     """Keys and values of one layer application, at most `max_len` positions: update(k, v) appends
-    (B, n_kv_head, T, hs) tensors and returns all of them (their concatenation); no overflow."""
+    (B, n_kv_head, T, hs) tensors, returns all of them (concatenated); RuntimeError past max_len."""
 
     def __init__(self, max_len: int):
         self.max_len, self.k, self.v, self.length = max_len, None, None, 0
@@ -81,7 +81,7 @@ class Attention(nn.Module):
         if rot := cos.shape[-1]:                        # rot = 0 (rope_pct = 0) is NoPE
             x1, x2 = qk[..., :rot].chunk(2, dim=-1)
             r = (qk[..., :rot] * cos + torch.cat([-x2, x1], dim=-1) * sin).to(qk.dtype)
-            qk = torch.cat([r, qk[..., rot:]], dim=-1)                        # NeoX rotates 25%
+            qk = r if rot == self.head_dim else torch.cat([r, qk[..., rot:]], dim=-1)   # NeoX: 25%
         q, k = qk.transpose(1, 2).split([nh, nkv], dim=1)                   # (B, nh | nkv, T, hs)
         past = 0 if cache is None else cache.length
         k, v = (k, v) if cache is None else cache.update(k, v)               # (B, nkv, past+T, hs)
@@ -197,9 +197,9 @@ class TemporalGate(nn.Module):
     def forward(self, x, r, x_part=None):
         """(T1): x' from x (B, L, C), the input of l_start, and r = R_{t-1} (B, L or 1, C); x_part:
         x_columns(x), if the caller computed it once."""
-        r_tilde = self.W_p(r).expand_as(x)                                            # W_p R_{t-1}
+        r_tilde = self.W_p(r)                                         # W_p R_{t-1}, (B, L or 1, C)
         if x_part is None:
-            a = self.A(torch.cat([x, r_tilde], dim=-1))                   # A g + b, g = [x; r~]
+            a = self.A(torch.cat([x, r_tilde.expand_as(x)], dim=-1))      # A g + b, g = [x; r~]
         else:                                                                 # the same, split
             a = x_part + F.linear(r_tilde, self.A.weight[:, x.shape[-1]:])
         a_r, a_x = torch.sigmoid(a).chunk(2, dim=-1)                          # the local gates
