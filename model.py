@@ -145,9 +145,7 @@ class MeshMemory(nn.Module):
 
     def new_buffer(self, h_emb):
         """(M2) start: h_emb (B, T, C) in slot 0, zeros elsewhere -> (n_slots, B, T, C)."""
-        buffer = h_emb.new_zeros(self.n_slots, *h_emb.shape)
-        buffer[0] = h_emb
-        return buffer
+        return torch.cat([h_emb[None], h_emb.new_zeros(self.n_slots - 1, *h_emb.shape)])
 
     def write_read(self, step: int, buffer, u, y):
         """(M2) step k (Eq. 3): write y_k (B, T, C) into every slot, then read h_next (B, T, C) from
@@ -204,8 +202,7 @@ class TemporalGate(nn.Module):
             a = x_part + F.linear(r_tilde, self.A.weight[:, x.shape[-1]:])
         a_r, a_x = torch.sigmoid(a).chunk(2, dim=-1)                          # the local gates
         # θ are fp32 master weights; autocast leaves tanh in fp32 (as the reference)
-        gamma_r = torch.tanh(self.theta_r).to(x.dtype)
-        gamma_x = torch.tanh(self.theta_x).to(x.dtype)
+        gamma_r, gamma_x = (torch.tanh(theta).to(x.dtype) for theta in (self.theta_r, self.theta_x))
         return x + gamma_r * a_r * r_tilde + gamma_x * a_x * x
 
     def x_columns(self, x):
@@ -236,6 +233,7 @@ CHECKS = {name: rule for names, rule in {
     "mesh_trans_router_in": one_of("pre", "emb"), "jacobi_init": one_of("zero", "plain"),
     "prefill": one_of("exact", "converged"),
     "vocab_size block_size n_layer n_embd jacobi_sweeps": ((lambda v, c: v >= 1), ">= 1"),
+    "jacobi_lag": ((lambda v, c: v >= 0), ">= 0 (0: D = jacobi_sweeps)"),
     "n_head": (lambda v, c: v >= 1 and c.n_embd % v == 0, "a divisor of n_embd"),
     "n_kv_head": (lambda v, c: v >= 1 and c.n_head % v == 0, "a divisor of n_head"),
     "mlp_hidden": (lambda v, c: v >= 1 if v is not None else c.flavour == "neox",
@@ -295,6 +293,7 @@ class GPTConfig:
     l_end: int = -1                  # last recurrent layer (the state from its output); inclusive
     jacobi_sweeps: int = 16          # D: sweeps a step, the final one included (D exact positions)
     jacobi_grad_sweeps: int = 4      # b: sweeps before the final one that keep gradient (b <= D)
+    jacobi_lag: int = 0              # > 0: D = max(1, T - lag) for T tokens: D follows the length
     jacobi_tol: float = 0.0          # > 0: stop no-grad sweeps once the state moves less (relative)
     jacobi_checkpoint: bool = False  # recompute the b gradient sweeps in backward (less memory)
     jacobi_init: str = "zero"        # R^(0): "zero" (ours) or "plain" (reference's, +1 middle pass)
@@ -472,8 +471,9 @@ class GPT(nn.Module):
         if cache is not None and (mode == "jacobi" or cache.length):
             raise ValueError(f"mode {mode!r} cannot continue a cache of {cache.length} positions: "
                              f"use mode 'exact' ('converged' fills an empty one, for a prompt)")
-        D, b, tol = ((cfg.jacobi_sweeps, cfg.jacobi_grad_sweeps, cfg.jacobi_tol) if mode == "jacobi"
-                     else (h_emb.shape[1], 0, tol))  # converged: T sweeps make every position exact
+        T = h_emb.shape[1]         # "converged": T sweeps make every position exact; lag: T - lag
+        D = max(1, T - cfg.jacobi_lag) if cfg.jacobi_lag else cfg.jacobi_sweeps
+        D, b, tol = (D, cfg.jacobi_grad_sweeps, cfg.jacobi_tol) if mode == "jacobi" else (T, 0, tol)
         l_start, l_end = cfg.recurrent_layers
         caches = cache.layers if cache is not None else [None] * cfg.n_layer      # one per layer
         x = self.run_layers(h_emb, self.lower, 0, caches[:l_start])  # the same in every sweep

@@ -30,14 +30,17 @@ from studies.common import git_commit, read_json, write_json
 from studies.reproduce.stats import mean_std, paired_stats
 from support.runtime import RunError
 
-# arm -> (training mode, D = jacobi_sweeps, b = jacobi_grad_sweeps); exact training uses neither
-ARMS = {"exact": ("exact", None, None), "jacobi_D16_b4": ("jacobi", 16, 4),
-        "jacobi_D32_b4": ("jacobi", 32, 4), "jacobi_D16_b15": ("jacobi", 16, 15)}
+# arm -> (training mode, D = jacobi_sweeps, b = jacobi_grad_sweeps, jacobi_lag); exact training uses
+# none. The recipes "lag": D = T - lag for words of T tokens, so D follows the curriculum's length.
+ARMS = {"exact": ("exact", None, None, 0), "jacobi_D16_b4": ("jacobi", 16, 4, 0),
+        "jacobi_D32_b4": ("jacobi", 32, 4, 0), "jacobi_D16_b15": ("jacobi", 16, 15, 0),
+        "jacobi_lag1_b4": ("jacobi", 16, 4, 1), "jacobi_lag4_b4": ("jacobi", 16, 4, 4)}
 SEEDS = (0, 1, 2)
 # the order runs are trained in: the comparison and its control seed by seed, then the isolating arms
 PLAN = ([(arm, n, s) for s in SEEDS for arm, n in (("exact", 32), ("jacobi_D16_b4", 32), ("exact", 16),
                                                      ("jacobi_D16_b4", 16))]
-        + [(arm, 32, s) for s in SEEDS for arm in ("jacobi_D32_b4", "jacobi_D16_b15")])
+        + [(arm, 32, s) for s in SEEDS for arm in ("jacobi_D32_b4", "jacobi_D16_b15")]
+        + [("jacobi_lag1_b4", 32, s) for s in SEEDS])
 GROUP = "A5"
 OUT = "studies/results/jacobi_training"
 
@@ -45,11 +48,12 @@ OUT = "studies/results/jacobi_training"
 def spec(arm, n, seed, size=wp.FULL):
     """word_problem.run_one's spec: T²MLR under the word-problem recipe at training length n, tested at
     positions 1..4n, trained in `arm`'s mode with its D and b."""
-    mode, D, b = ARMS[arm]
+    mode, D, b, lag = ARMS[arm]
     size = dict(size, train_n=n, test_n=4 * n)
     model = wp.matched_arms(size, GROUP)["t2mlr"]
     if mode == "jacobi":
-        model = dict(model, config=model["config"] | {"jacobi_sweeps": D, "jacobi_grad_sweeps": b})
+        jacobi = {"jacobi_sweeps": D, "jacobi_grad_sweeps": b} | ({"jacobi_lag": lag} if lag else {})
+        model = dict(model, config=model["config"] | jacobi)
     return wp.spec_of(size, "jacobi", GROUP, "t2mlr", seed, model, None, mode, tag=f"_{arm}_n{n}")
 
 
@@ -59,7 +63,8 @@ def run(arm, n, seed, out=OUT, ckpt="out/jacobi_training", size=wp.FULL, log=pri
     paths = {"runs": out, "ckpt": ckpt}
     result = wp.run_locked(s, paths, log, size.get("device", "cpu"))
     if result is not None and "commit" not in result:
-        mode, D, b = ARMS[arm]
+        mode, D, b, lag = ARMS[arm]
+        D = f"T - {lag}" if lag else D                    # the recipe: D follows the length T
         result |= {"commit": git_commit(), "arm": arm, "train_n": n, "D": D, "b": b, "mode": mode}
         write_json(wp.run_json(paths, s), result)
     return result
@@ -92,7 +97,8 @@ def report(out=OUT):
         if not mine:
             continue
         exact = {s: summary(runs[("exact", n, s)]) for s in SEEDS if ("exact", n, s) in runs}
-        row = {"arm": arm, "train_n": n, "D": ARMS[arm][1], "b": ARMS[arm][2], "seeds": sorted(mine)}
+        row = {"arm": arm, "train_n": n, "D": runs[(arm, n, min(mine))]["D"], "b": ARMS[arm][2],
+               "seeds": sorted(mine)}
         for key in ("in_dist", "beyond", "seconds_per_step"):
             row[key] = mean_std([m[key] for m in mine.values()])
         row["steps_to_length"] = {s: m["steps_to_length"] for s, m in mine.items()}

@@ -8,6 +8,7 @@ T²MLR's Jacobi options, each against what it claims to equal (float64, CPU); al
 - converged prefill (mode "converged", generate/sample prefill="converged"): equal to exact prefill, and
   bit for bit to Jacobi at D = T; the cache it fills continues decoding exactly.
 - jacobi_checkpoint: the same values and gradients, fewer bytes held for backward.
+- jacobi_lag: D follows the length (D = T - lag): the exactness front there, gradient in the last b sweeps.
 - jacobi_init "plain" (the reference's warm start): the exactness front is at D for both starts.
 
     python -m pytest -q tests/test_jacobi.py
@@ -166,9 +167,43 @@ def test_tol_gradient_flows_through_the_final_and_exactly_b_sweeps():
         assert torch.equal(g, h) == same
 
 
+@pytest.mark.parametrize("lag", [1, 3])
+def test_jacobi_lag_makes_D_follow_the_length(lag):
+    """jacobi_lag: D = T - lag sweeps for each length T (one for T <= lag), so the first T - lag positions
+    equal exact recurrence and the next does not."""
+    model = build(jacobi_lag=lag)          # jacobi_sweeps = 16 is not used
+    for T in (2, 7, 15, 24):
+        idx = tokens(T=T)
+        with torch.no_grad():
+            exact = model(idx, mode="exact")[0]
+            diff = (model(idx, mode="jacobi")[0] - exact).abs().amax(dim=(0, 2))
+        D = max(1, T - lag)
+        assert model.passes.n == D, (T, model.passes.n)
+        assert diff[:D].max() <= 1e-12 and (D == T or diff[D] > 1e-6), (T, diff)
+
+
+def test_jacobi_lag_keeps_gradient_in_the_final_and_b_sweeps():
+    """Under jacobi_lag the gradient flows through the final sweep and jacobi_grad_sweeps = b before it:
+    the fixed-D model at D = T - lag with that b gives the same loss and gradients, with b - 1 others."""
+    T, lag = 16, 5
+    idx, targets = tokens(T=T), tokens(T=T, seed=2)
+
+    def grad(**kw):
+        model = build(**({"jacobi_grad_sweeps": 3} | kw)).train()
+        model(idx, targets, mode="jacobi")[1].backward()
+        return model.passes.n, model.gate.W_p.weight.grad
+
+    n, g = grad(jacobi_lag=lag)
+    assert n == T - lag
+    assert torch.equal(g, grad(jacobi_sweeps=T - lag)[1])
+    assert not torch.allclose(g, grad(jacobi_sweeps=T - lag, jacobi_grad_sweeps=2)[1])
+
+
 def test_jacobi_tol_is_range_checked():
     with pytest.raises(ValueError, match=r"^jacobi_tol = -0\.1 must be in \[0, 1\)"):
         GPTConfig(**TINY_LLAMA, jacobi_tol=-0.1)
+    with pytest.raises(ValueError, match=r"^jacobi_lag = -1 must be >= 0"):
+        GPTConfig(**TINY_LLAMA, jacobi_lag=-1)
     with pytest.raises(ValueError, match=r"^jacobi_init = 'warm' must be one of 'zero', 'plain'"):
         GPTConfig(**TINY_LLAMA, jacobi_init="warm")
 

@@ -18,17 +18,21 @@ def test_spec_sets_the_mode_D_b_and_lengths():
         {k: v for k, v in ex["model"]["config"].items() if not k.startswith("jacobi")}
     assert ja["train"] == ex["train"] and ja["curriculum"] == ex["curriculum"]
     assert jt.spec("exact", 16, 0)["test_n"] == 64
+    # the recipe: D follows the length, one short of it; b as the paper's
+    lag = jt.spec("jacobi_lag1_b4", 32, 0)["model"]["config"]
+    assert (lag["jacobi_lag"], lag["jacobi_grad_sweeps"]) == (1, 4)
 
 
 def test_a_toy_run_records_its_setting_and_reports(tmp_path):
     size = dict(wp.QUICK, steps=4, eval_interval=2)
     out, ckpt = str(tmp_path / "runs"), str(tmp_path / "ckpt")
-    for arm in ("exact", "jacobi_D16_b4"):
+    for arm in ("exact", "jacobi_D16_b4", "jacobi_lag1_b4"):
         r = jt.run(arm, 4, 0, out, ckpt, size, log=lambda *a: None)
         assert (r["arm"], r["train_n"], r["mode"]) == (arm, 4, jt.ARMS[arm][0])
         assert len(r["acc_by_position"]) == 16 and r["commit"]
     again = jt.run("jacobi_D16_b4", 4, 0, out, ckpt, size, log=lambda *a: None)
     assert again["D"] == 16 and again["b"] == 4
     rows = jt.report(out)
-    assert [(r["arm"], r["train_n"]) for r in rows] == [("exact", 4), ("jacobi_D16_b4", 4)]
+    assert [(r["arm"], r["train_n"], r["D"]) for r in rows] == [("exact", 4, None), ("jacobi_D16_b4", 4, 16),
+                                                                ("jacobi_lag1_b4", 4, "T - 1")]
     assert rows[1]["beyond_minus_exact"]["n"] == 1 and os.path.exists(os.path.join(out, "report.md"))
