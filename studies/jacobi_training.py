@@ -17,14 +17,17 @@ every position up to 4n. Its JSON records the commit, train_n, D, b and the mode
     python -m studies.jacobi_training --worker          # every run of PLAN in order (skips finished ones)
     python -m studies.jacobi_training --report          # report.json, report.md and the figure
     python -m studies.jacobi_training --arm jacobi_D16_b4 --n 32 --seed 0   # one run
+    python -m studies.jacobi_training --cost            # time and memory a step, arm by arm (cost.json)
 """
 
 import argparse
 import os
 import sys
+import time
 
 import torch
 
+from bench import SavedTensorMeter
 from studies import word_problem as wp
 from studies.common import git_commit, read_json, write_json
 from studies.reproduce.stats import mean_std, paired_stats
@@ -122,10 +125,53 @@ def report(out=OUT):
     return rows
 
 
+def cost(lengths=(16, 32), arms=("exact", "jacobi_D16_b4", "jacobi_lag1_b4", "jacobi_D32_b4", "jacobi_D16_b15"),
+         rounds=3, steps=4, size=wp.FULL, out=OUT, log=print):
+    """Each arm's training step (forward, backward, AdamW) on the same words of T tokens (batch 256):
+    seconds (the median of `rounds` interleaved rounds of `steps` steps) and the bytes autograd holds for
+    backward at most (bench.SavedTensorMeter). Run it with nothing else running. Writes out/cost.json."""
+    table = wp.multiplication_table(GROUP)
+    seconds = {(arm, T): [] for T in lengths for arm in arms}
+    held = {}
+    for r in range(rounds):
+        for T in lengths:
+            for arm in arms:
+                s = spec(arm, 32, 0, size)
+                torch.manual_seed(0)
+                model = wp.build(s["model"]).train()
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+                x, y = (t[:, :T] for t in wp.make_batch(table, size["batch_size"], 32, r))
+
+                def step():
+                    wp.step_loss(model, x, y, s["train_mode"]).backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                with SavedTensorMeter(exclude=list(model.parameters())) as meter:
+                    step()                                             # also the warm-up
+                held[(arm, T)] = meter.peak
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                seconds[(arm, T)].append((time.perf_counter() - t0) / steps)
+                log(f"round {r + 1}/{rounds}, T = {T}, {arm}: {seconds[(arm, T)][-1]:.3f} s a step")
+    rows = [{"arm": arm, "T": T, "seconds_per_step": sorted(seconds[(arm, T)])[rounds // 2],
+             "held_bytes": held[(arm, T)], "threads": torch.get_num_threads()} for T in lengths for arm in arms]
+    for row in rows:
+        ref = {k: next(r for r in rows if r["arm"] == k and r["T"] == row["T"]) for k in ("exact", "jacobi_D16_b4")}
+        row["time_vs_exact"] = row["seconds_per_step"] / ref["exact"]["seconds_per_step"]
+        row["time_vs_D16"] = row["seconds_per_step"] / ref["jacobi_D16_b4"]["seconds_per_step"]
+        row["held_vs_exact"] = row["held_bytes"] / ref["exact"]["held_bytes"]
+        row["held_vs_D16"] = row["held_bytes"] / ref["jacobi_D16_b4"]["held_bytes"]
+    write_json(os.path.join(out, "cost.json"), {"commit": git_commit(), "batch_size": size["batch_size"],
+                                                "rounds": rounds, "steps": steps, "rows": rows})
+    return rows
+
+
 def main(argv):
     p = argparse.ArgumentParser(prog="python -m studies.jacobi_training", description=__doc__.split("\n")[1])
     p.add_argument("--worker", action="store_true", help="train every run of the plan not yet finished")
     p.add_argument("--report", action="store_true", help="the tables from the finished runs")
+    p.add_argument("--cost", action="store_true", help="time and memory a step, arm by arm (nothing else running)")
     p.add_argument("--arm", choices=ARMS, help="one run: its arm")
     p.add_argument("--n", type=int, default=32, help="one run: the training length (default 32)")
     p.add_argument("--seed", type=int, default=0, help="one run: its seed")
@@ -135,6 +181,8 @@ def main(argv):
     torch.set_num_threads(args.threads)
     if args.n < 2:
         raise RunError(f"--n {args.n}: the training length must be at least 2")
+    if args.cost:
+        cost(out=args.out)
     if args.arm:
         run(args.arm, args.n, args.seed, args.out)
     elif args.worker:

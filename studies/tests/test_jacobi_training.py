@@ -36,3 +36,13 @@ def test_a_toy_run_records_its_setting_and_reports(tmp_path):
     assert [(r["arm"], r["train_n"], r["D"]) for r in rows] == [("exact", 4, None), ("jacobi_D16_b4", 4, 16),
                                                                 ("jacobi_lag1_b4", 4, "T - 1")]
     assert rows[1]["beyond_minus_exact"]["n"] == 1 and os.path.exists(os.path.join(out, "report.md"))
+
+
+def test_cost_times_each_arm_and_counts_the_bytes_its_sweeps_hold(tmp_path):
+    rows = jt.cost(lengths=(8,), rounds=1, steps=1, size=dict(wp.QUICK), out=str(tmp_path), log=lambda *a: None)
+    by = {r["arm"]: r for r in rows}
+    assert set(by) == {"exact", "jacobi_D16_b4", "jacobi_lag1_b4", "jacobi_D32_b4", "jacobi_D16_b15"}
+    assert by["exact"]["time_vs_exact"] == 1 and by["jacobi_D16_b4"]["held_vs_D16"] == 1
+    # every gradient sweep holds its activations: b = 15 (7 at T = 8) holds more than b = 4
+    assert by["jacobi_D16_b15"]["held_bytes"] > 1.2 * by["jacobi_D16_b4"]["held_bytes"]
+    assert os.path.exists(os.path.join(tmp_path, "cost.json"))
