@@ -109,9 +109,6 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
-NORMS = {"neox": nn.LayerNorm, "llama": nn.RMSNorm}     # each flavour's norm
-
-
 class Layer(nn.Module):
     """One layer (B, T, C) -> (B, T, C), residual included: neox (Pythia, MeSH) x + attn(ln1 x) +
     mlp(ln2 x) with LayerNorm; llama (SmolLM2, T²MLR) x += attn(ln1 x); x += mlp(ln2 x), RMSNorm."""
@@ -119,44 +116,15 @@ class Layer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.parallel = cfg.flavour == "neox"
-        self.ln1, self.attn = NORMS[cfg.flavour](cfg.n_embd, eps=cfg.norm_eps), Attention(cfg)
-        self.ln2, self.mlp = NORMS[cfg.flavour](cfg.n_embd, eps=cfg.norm_eps), MLP(cfg)
+        Norm = nn.LayerNorm if self.parallel else nn.RMSNorm          # the flavour's norm
+        self.ln1, self.attn = Norm(cfg.n_embd, eps=cfg.norm_eps), Attention(cfg)
+        self.ln2, self.mlp = Norm(cfg.n_embd, eps=cfg.norm_eps), MLP(cfg)
 
     def forward(self, x, cos, sin, cache=None):
         if self.parallel:
             return x + self.attn(self.ln1(x), cos, sin, cache) + self.mlp(self.ln2(x))
         x = x + self.attn(self.ln1(x), cos, sin, cache)
         return x + self.mlp(self.ln2(x))
-
-
-# -----------------------------------------------------------------------------
-# MeSH: the slot buffer between the loops of the core (MeSH paper §3.2, Eq. 3; README (M2))
-
-class MeshMemory(nn.Module):
-    """(M2): the slot buffer (n_slots = mesh_slots or K + 3: MeSH Table 3) and a write and a read
-    router, Linear(C -> n_slots), per step k = 0..K (0 the transitional step, t+1 after loop t)."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        C, K = cfg.n_embd, cfg.n_loops
-        self.n_slots = cfg.mesh_slots or K + 3
-        self.write_routers = nn.ModuleList(nn.Linear(C, self.n_slots) for _ in range(K + 1))
-        self.read_routers = nn.ModuleList(nn.Linear(C, self.n_slots) for _ in range(K + 1))
-
-    def new_buffer(self, h_emb):
-        """(M2) start: h_emb (B, T, C) in slot 0, zeros elsewhere -> (n_slots, B, T, C)."""
-        return torch.cat([h_emb[None], h_emb.new_zeros(self.n_slots - 1, *h_emb.shape)])
-
-    def write_read(self, step: int, buffer, u, y):
-        """(M2) step k (Eq. 3): write y_k (B, T, C) into every slot, then read h_next (B, T, C) from
-        the UPDATED buffer (n_slots, B, T, C), both routed by u_k. Returns (buffer, h_next)."""
-        fp32 = torch.promote_types(u.dtype, torch.float32)  # the softmax in fp32 (autocast)
-        w_write = F.softmax(self.write_routers[step](u), dim=-1, dtype=fp32)  # (B, T, n)
-        w_read = F.softmax(self.read_routers[step](u), dim=-1, dtype=fp32)
-        # the write, out of place (autograd), then the read
-        buffer = buffer + w_write.permute(2, 0, 1).unsqueeze(-1) * y
-        h_next = torch.einsum("btn,nbtc->btc", w_read, buffer)
-        return buffer, h_next.to(y.dtype)
 
 
 # -----------------------------------------------------------------------------
@@ -215,13 +183,6 @@ class TemporalGate(nn.Module):
 # -----------------------------------------------------------------------------
 # Configuration: every setting's valid values in one table, the layout, the fields
 
-def parse_layout(layout: str):
-    """'P+CRK+Q' (the MeSH paper's notation) -> (n_prelude, n_core, n_loops K, n_coda), e.g.
-    '2+4R2+2' -> (2, 4, 2, 2); None if malformed."""
-    m = re.match(r"^(\d+)\+(\d+)R(\d+)\+(\d+)$", layout.replace(" ", ""))
-    return tuple(map(int, m.groups())) if m else None
-
-
 def one_of(*values):
     return (lambda v, c: v in values), "one of " + ", ".join(map(repr, values))
 
@@ -245,7 +206,7 @@ CHECKS = {name: rule for names, rule in {
     "jacobi_tol prefill_tol": ((lambda v, c: 0 <= v < 1), "in [0, 1)"),
     "jacobi_grad_sweeps": (lambda v, c: 0 <= v <= c.jacobi_sweeps,
                            lambda c: f"in [0, jacobi_sweeps = {c.jacobi_sweeps}]"),
-    "layout": (lambda v, c: v == "" or min((parse_layout(v) or (0,) * 4)[1:3]) >= 1,
+    "layout": (lambda v, c: v == "" or c.depth is not None and min(c.depth[1:3]) >= 1,
                "'' (flat) or 'P+CRK+Q': C >= 1 core layers looped K >= 1 times, e.g. '2+4R2+2'"),
     "t2mlr": (lambda v, c: not (v and c.layout), "False with a layout: T²MLR needs a flat stack"),
     "l_start": (lambda v, c: not c.t2mlr or 0 <= min(c.recurrent_layers)
@@ -311,13 +272,17 @@ class GPTConfig:
         # T²MLR's (l_start, l_end) as layer indices; a negative one counts from the end (no wrap)
         self.recurrent_layers = tuple(i + self.n_layer if i < 0 else i
                                       for i in (self.l_start, self.l_end))
+        # "P+CRK+Q" (MeSH's notation) -> (n_prelude, n_core, K, n_coda), e.g. "2+4R2+2" -> (2, 4,
+        # 2, 2); None if malformed; (n_layer, 0, 0, 0) if flat
+        m = re.fullmatch(r"(\d+)\+(\d+)R(\d+)\+(\d+)", self.layout.replace(" ", ""))
+        self.depth = (tuple(map(int, m.groups())) if m else None) if self.layout else \
+            (self.n_layer, 0, 0, 0)
         check(self, **{name: getattr(self, name) for name in CHECKS if hasattr(self, name)})
         self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
-        # derived: (n_prelude, n_core, K, n_coda), or (n_layer, 0, 0, 0) if flat
-        self.depth = parse_layout(self.layout) if self.layout else (self.n_layer, 0, 0, 0)
         P, n_core, K, Q = self.depth
         # K loops; the distinct (parameter) layers; the layer applications per token (compute depth)
         self.n_loops, self.n_unique, self.n_unrolled = K, P + n_core + Q, P + n_core * K + Q
+        self.n_slots = self.mesh_slots or K + 3               # MeSH's buffer (MeSH §4.4, Table 3)
 
 
 # -----------------------------------------------------------------------------
@@ -334,14 +299,17 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_unique))   # each once, in order
         layers, self.mesh, self.gate = list(self.layers), None, None
         if cfg.layout:      # the layout's groups (MeSH §3.1), plain lists of the registered layers
-            P, n_core = cfg.depth[:2]
+            P, n_core, K = cfg.depth[:3]
             self.prelude, self.core, self.coda = layers[:P], layers[P:P+n_core], layers[P+n_core:]
-            self.mesh = MeshMemory(cfg) if cfg.state_passing == "mesh" else None
+            if cfg.state_passing == "mesh":   # (M2): a write and a read router per step k = 0..K
+                def routers():                # Linear(C -> n_slots) each
+                    return nn.ModuleList(nn.Linear(cfg.n_embd, cfg.n_slots) for _ in range(K + 1))
+                self.mesh = nn.ModuleDict({"write_routers": routers(), "read_routers": routers()})
         if cfg.t2mlr:       # below l_start, the recurrent l_start..l_end, above l_end
             start, end = cfg.recurrent_layers
             self.lower, self.middle = layers[:start], layers[start:end + 1]
             self.upper, self.gate = layers[end + 1:], TemporalGate(cfg)
-        self.ln_f = NORMS[cfg.flavour](cfg.n_embd, eps=cfg.norm_eps)
+        self.ln_f = type(self.layers[0].ln1)(cfg.n_embd, eps=cfg.norm_eps)     # the layers' norm
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -426,20 +394,32 @@ class GPT(nn.Module):
         P, n_core, K, _ = cfg.depth                            # layers per group, loops of the core
         caches = cache.layers if cache is not None else [None] * cfg.n_unrolled   # per application
         h = self.run_layers(h_emb, self.prelude, pos, caches[:P])                  # h_pre
-        if cfg.state_passing == "mesh":    # the transitional step: write y_0 = h_pre, read h(0)
-            buffer = self.mesh.new_buffer(h_emb)
-            u = h if cfg.mesh_trans_router_in == "pre" else h_emb
-            buffer, h = self.mesh.write_read(0, buffer, u=u, y=h)
+        if cfg.state_passing == "mesh":    # (M2) start: h_emb in slot 0 of n_slots, zeros elsewhere
+            buffer = torch.cat([h_emb[None], h_emb.new_zeros(cfg.n_slots - 1, *h_emb.shape)])
+            u = h if cfg.mesh_trans_router_in == "pre" else h_emb     # the transitional step:
+            buffer, h = self.mesh_write_read(0, buffer, u=u, y=h)     # write y_0 = h_pre, read h(0)
         h0 = h
         for t in range(K):                # K loops of the same weights, each with its own KV caches
             loop_caches = caches[P + t * n_core:P + (t + 1) * n_core]
             y = self.run_layers(h, self.core, pos, loop_caches)             # y = f_core(h(t))
             if cfg.state_passing == "mesh":    # write y_{t+1} = y, read h(t+1), routed by u = h(t)
-                buffer, h = self.mesh.write_read(t + 1, buffer, u=h, y=y)
+                buffer, h = self.mesh_write_read(t + 1, buffer, u=h, y=y)
             else:                              # (M1): h(t+1) = f_core(h(t)) + h_sup(t)
                 h_sup = {"base": 0, "residual": h, "anchor": h0, "anchor_star": h_emb}
                 h = y + h_sup[cfg.state_passing]
         return self.run_layers(h, self.coda, pos, caches[P + K * n_core:])
+
+    def mesh_write_read(self, step: int, buffer, u, y):
+        """(M2) step k (MeSH Eq. 3): write y_k (B, T, C) into every slot of buffer (n_slots, B, T,
+        C), then read h_next (B, T, C) from the UPDATED buffer, both routed by u_k (B, T, C) with
+        step k's routers (0 the transitional step, t+1 after loop t). Returns (buffer, h_next)."""
+        fp32 = torch.promote_types(u.dtype, torch.float32)  # the softmax in fp32 (autocast)
+        w_write = F.softmax(self.mesh.write_routers[step](u), dim=-1, dtype=fp32)  # (B, T, n)
+        w_read = F.softmax(self.mesh.read_routers[step](u), dim=-1, dtype=fp32)
+        # the write, out of place (autograd), then the read
+        buffer = buffer + w_write.permute(2, 0, 1).unsqueeze(-1) * y
+        h_next = torch.einsum("btn,nbtc->btc", w_read, buffer)
+        return buffer, h_next.to(y.dtype)
 
     # ---- time: T²MLR (arXiv 2607.15178; README (T1)-(T3)) ----------------------------------------
 

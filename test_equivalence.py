@@ -99,7 +99,7 @@ def test_mesh_one_hot_reproduces_base_and_residual(flavour):
     for mode, slots in (("base", [1, 2, 3, 4]), ("residual", [1, 1, 1, 1])):
         reference = build(**dict(flavour, layout=f"1+2R{K}+1", state_passing=mode))
         mesh = GPT(GPTConfig(**dict(flavour, layout=f"1+2R{K}+1", state_passing="mesh"))).eval()
-        assert mesh.mesh.n_slots == K + 3
+        assert mesh.cfg.n_slots == K + 3
         missing, unexpected = mesh.load_state_dict(reference.state_dict(), strict=False)
         assert unexpected == [] and all(name.startswith("mesh.") for name in missing)
         one_hot_routers(mesh, reads=slots, writes=slots)

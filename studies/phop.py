@@ -106,7 +106,7 @@ def with_loops(model: GPT, K_test: int) -> GPT:
     layout = f"{P}+{n_core}R{K_test}+{Q}"
     fields = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__} | dict(layout=layout)
     if cfg.state_passing == "mesh":
-        fields["mesh_slots"] = model.mesh.n_slots
+        fields["mesh_slots"] = model.cfg.n_slots
     test = GPT(GPTConfig(**fields))
     trained = model.state_dict()
 

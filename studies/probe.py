@@ -206,7 +206,7 @@ def router_usage(model, idx):
     routers = {"write": list(model.mesh.write_routers), "read": list(model.mesh.read_routers)}
     with Taps([r for rs in routers.values() for r in rs]) as taps:
         model(idx)
-    out = {"n_slots": model.mesh.n_slots}
+    out = {"n_slots": model.cfg.n_slots}
     for kind, rs in routers.items():
         out[kind] = []
         for router in rs:

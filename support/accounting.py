@@ -126,7 +126,7 @@ def summary(cfg: GPTConfig) -> str:
         f"non-embedding      {counts['non_embedding']:,}",
     ]
     if model.mesh is not None:
-        lines.append(f"router params      {counts['router']:,} (+{model.mesh.n_slots} slots, {K + 1} steps)")
+        lines.append(f"router params      {counts['router']:,} (+{model.cfg.n_slots} slots, {K + 1} steps)")
     if model.gate is not None:
         lines.append(
             f"T²MLR gate params  {counts['gate']:,} (layers {start}..{end}, D={cfg.jacobi_sweeps}, "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # the two ideas: MeSH's memory and recursion, T²MLR's gate, middle step and both ways to run the recurrence
-IDEAS = ("MeshMemory", "TemporalGate", "GPT.recursive_forward", "GPT.middle_step", "GPT.jacobi_forward",
+IDEAS = ("TemporalGate", "GPT.recursive_forward", "GPT.mesh_write_read", "GPT.middle_step", "GPT.jacobi_forward",
          "GPT.exact_forward")
 
 
@@ -63,8 +63,8 @@ def test_code_lines_counts_code_not_comments_or_docstrings():
 
 def test_model_py_is_the_model_with_the_ideas_at_its_centre():
     numbers = model_numbers()
-    assert numbers["lines"] <= 700, numbers
-    assert numbers["ideas_share"] >= 0.35, numbers
+    assert numbers["lines"] <= 600, numbers
+    assert numbers["ideas_share"] >= 0.33, numbers      # the rest: layers, config, checks, generation
 
 
 def test_no_model_py_line_is_over_100_characters():

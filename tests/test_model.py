@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import model as model_module
-from model import GPT, GPTConfig, parse_layout
+from model import GPT, GPTConfig
 from support.accounting import layer_passes, param_counts, train_flops_per_token
 from support.loop import configure_optimizers
 
@@ -27,14 +27,14 @@ TINY = dict(vocab_size=64, block_size=32, n_embd=32, n_head=4)
 
 @pytest.mark.parametrize("layout", ["2+4R0+2", "abc", "-1+4R2+2", "2+0R2+2", "2+4R2", "2+4x2+2"])
 def test_malformed_layout_quotes_the_string(layout):
-    assert parse_layout(layout) is None or min(parse_layout(layout)[1:3]) == 0
     with pytest.raises(ValueError) as e:
         GPTConfig(**TINY, layout=layout)
     assert f"layout = {layout!r} must be" in str(e.value) and "'P+CRK+Q'" in str(e.value)
 
 
 def test_layout_parses_and_sets_depths():
-    assert parse_layout("2+4R2+2") == (2, 4, 2, 2)
+    assert GPTConfig(**TINY, layout="2+4R2+2").depth == (2, 4, 2, 2)
+    assert GPTConfig(**TINY, layout=" 1 + 3R4 + 0").depth == (1, 3, 4, 0)
     cfg = GPTConfig(**TINY, layout="3+6R3+3")
     assert (cfg.n_unique, cfg.n_unrolled) == (12, 24)
     assert GPTConfig(**TINY, n_layer=7).depth == (7, 0, 0, 0)

@@ -268,11 +268,11 @@ def set_router_bias(model, kind, p=ROUTER_P):
       kind 'residual': every step writes and reads slot 1 (h(t+1) ≈ h(t) + f_core(h(t))).
     With p -> 1 the routing is one-hot and the model equals base / residual recursion (studies/tests/test_reproduce.py).
     The bias is β = ln(p/(1-p) · (B-1)) on the slot, 0 elsewhere: softmax weight exactly p at zero logits."""
-    mesh = model.mesh
+    mesh, n_slots = model.mesh, model.cfg.n_slots
     n_steps = len(mesh.write_routers)
-    if mesh.n_slots < n_steps + 1:
-        raise ValueError(f"routing as base needs {n_steps + 1} slots, the model has {mesh.n_slots}")
-    beta = math.log(p / (1 - p) * (mesh.n_slots - 1))
+    if n_slots < n_steps + 1:
+        raise ValueError(f"routing as base needs {n_steps + 1} slots, the model has {n_slots}")
+    beta = math.log(p / (1 - p) * (n_slots - 1))
     for step in range(n_steps):
         slot = 1 if kind == "residual" or step == 0 else step + 1
         for router in (mesh.write_routers[step], mesh.read_routers[step]):

@@ -73,7 +73,7 @@ def test_loops_at_test_time(arm):
     longer = phop.with_loops(model, 5)
     assert longer.cfg.n_loops == 5
     if arm == "mesh":
-        assert longer.mesh.n_slots == model.mesh.n_slots
+        assert longer.cfg.n_slots == model.cfg.n_slots
         for s in (3, 4, 5):
             assert torch.equal(longer.mesh.read_routers[s].weight, model.mesh.read_routers[2].weight)
             assert torch.equal(longer.mesh.write_routers[s].bias, model.mesh.write_routers[2].bias)
