@@ -245,6 +245,7 @@ RANGE_CASES = [
     (GPTConfig, "mesh_slots", [1, 0], [2], dict(layout="1+1R2+1", state_passing="mesh")),
     (GPTConfig, "jacobi_sweeps", [0], [1], dict(T2, jacobi_grad_sweeps=1)),
     (GPTConfig, "jacobi_grad_sweeps", [-1], [0], T2),
+    (GPTConfig, "jacobi_lag", [-1], [0, 3], T2),
     (GPTConfig, "gate_bias_prob", [0.0, 1.0, NAN], [1e-6, 1 - 1e-6], T2),
     (GPTConfig, "gate_weight_gain", [0.0, INF], [1e-6], T2),
     (GPTConfig, "jacobi_tol", [-1e-3, 1.0, NAN], [0.0, 0.999], T2),
