@@ -18,6 +18,7 @@ every position up to 4n. Its JSON records the commit, train_n, D, b and the mode
     python -m studies.jacobi_training --report          # report.json, report.md and the figure
     python -m studies.jacobi_training --arm jacobi_D16_b4 --n 32 --seed 0   # one run
     python -m studies.jacobi_training --cost            # time and memory a step, arm by arm (cost.json)
+    python -m studies.jacobi_training --converged       # sweeps a converged forward takes (exact-trained)
 """
 
 import argparse
@@ -31,6 +32,7 @@ from bench import SavedTensorMeter
 from studies import word_problem as wp
 from studies.common import git_commit, read_json, write_json
 from studies.reproduce.stats import mean_std, paired_stats
+from support.accounting import count_middle_passes
 from support.runtime import RunError
 
 # arm -> (training mode, D = jacobi_sweeps, b = jacobi_grad_sweeps, jacobi_lag); exact training uses
@@ -167,11 +169,44 @@ def cost(lengths=(16, 32), arms=("exact", "jacobi_D16_b4", "jacobi_lag1_b4", "ja
     return rows
 
 
+@torch.no_grad()
+def converged_sweeps(arm="exact", n=32, seeds=SEEDS, tols=(0.5, 0.3, 0.1, 1e-2, 1e-3), examples=512,
+                     ckpt="out/jacobi_training", out=OUT, size=wp.FULL):
+    """The converged forward (jacobi_tol), on models trained exactly: for each tolerance, the sweeps a
+    Jacobi forward takes on the test words of length n (D = n at most: exact there) before the state
+    moves by less than tol of its RMS, and its accuracy at positions 1..n against the exact forward's.
+    Writes out/converged_sweeps.json."""
+    table = wp.multiplication_table(GROUP)
+    x, y = wp.make_batch(table, examples, n, wp.TEST_SEED)
+    rows = []
+    for seed in seeds:
+        s = spec(arm, n, seed, size)
+        path = os.path.join(ckpt, s["name"], "ckpt.pt")
+        if not os.path.exists(path):
+            continue
+        model = wp.build(s["model"]).eval()
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["model"])
+        exact = model(x, mode="exact")[0].argmax(-1)
+        row = {"seed": seed, "exact_acc": (exact == y).float().mean().item(), "tol": {}}
+        for tol in tols:
+            model.cfg.jacobi_sweeps, model.cfg.jacobi_grad_sweeps, model.cfg.jacobi_tol = n, 0, tol
+            with count_middle_passes(model) as passes:
+                pred = model(x, mode="jacobi")[0].argmax(-1)
+            row["tol"][str(tol)] = {"sweeps": passes.n, "acc": (pred == y).float().mean().item(),
+                                    "agrees_with_exact": (pred == exact).float().mean().item()}
+        rows.append(row)
+    write_json(os.path.join(out, "converged_sweeps.json"), {"commit": git_commit(), "arm": arm, "train_n": n,
+                                                           "examples": examples, "rows": rows})
+    return rows
+
+
 def main(argv):
     p = argparse.ArgumentParser(prog="python -m studies.jacobi_training", description=__doc__.split("\n")[1])
     p.add_argument("--worker", action="store_true", help="train every run of the plan not yet finished")
     p.add_argument("--report", action="store_true", help="the tables from the finished runs")
     p.add_argument("--cost", action="store_true", help="time and memory a step, arm by arm (nothing else running)")
+    p.add_argument("--converged", action="store_true", help="the sweeps a converged forward takes on exact-trained models")
+    p.add_argument("--ckpt", default="out/jacobi_training", help="the runs' checkpoints (for --converged)")
     p.add_argument("--arm", choices=ARMS, help="one run: its arm")
     p.add_argument("--n", type=int, default=32, help="one run: the training length (default 32)")
     p.add_argument("--seed", type=int, default=0, help="one run: its seed")
@@ -183,6 +218,8 @@ def main(argv):
         raise RunError(f"--n {args.n}: the training length must be at least 2")
     if args.cost:
         cost(out=args.out)
+    if args.converged:
+        print(converged_sweeps(ckpt=args.ckpt, out=args.out))
     if args.arm:
         run(args.arm, args.n, args.seed, args.out)
     elif args.worker:

@@ -46,3 +46,16 @@ def test_cost_times_each_arm_and_counts_the_bytes_its_sweeps_hold(tmp_path):
     # every gradient sweep holds its activations: b = 15 (7 at T = 8) holds more than b = 4
     assert by["jacobi_D16_b15"]["held_bytes"] > 1.2 * by["jacobi_D16_b4"]["held_bytes"]
     assert os.path.exists(os.path.join(tmp_path, "cost.json"))
+
+
+def test_converged_forward_counts_its_sweeps_and_is_exact_without_a_tolerance(tmp_path):
+    size = dict(wp.QUICK, steps=4, eval_interval=2)
+    out, ckpt = str(tmp_path / "runs"), str(tmp_path / "ckpt")
+    jt.run("exact", 6, 0, out, ckpt, size, log=lambda *a: None)
+    rows = jt.converged_sweeps(n=6, seeds=(0,), tols=(1e-12, 0.5), examples=16, ckpt=ckpt, out=out, size=size)
+    tol = rows[0]["tol"]
+    # at a negligible tolerance every one of the n sweeps runs and the forward is the exact one
+    assert tol["1e-12"]["sweeps"] == 6 and tol["1e-12"]["agrees_with_exact"] == 1.0
+    assert tol["1e-12"]["acc"] == rows[0]["exact_acc"]
+    # a loose one runs at most the n sweeps that make the forward exact
+    assert 2 <= tol["0.5"]["sweeps"] <= 6
