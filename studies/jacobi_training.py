@@ -48,6 +48,7 @@ PLAN = ([(arm, n, s) for s in SEEDS for arm, n in (("exact", 32), ("jacobi_D16_b
         + [("jacobi_lag1_b4", 32, s) for s in SEEDS])
 GROUP = "A5"
 OUT = "studies/results/jacobi_training"
+FIGURE = "studies/results/figures/jacobi_training.png"
 
 
 def spec(arm, n, seed, size=wp.FULL):
@@ -84,18 +85,26 @@ def summary(r):
     n = r["train_n"]
     acc = r["acc_by_position"]
     return {"in_dist": sum(acc[:n]) / n, "beyond": sum(acc[n:]) / len(acc[n:]),
-            "steps_to_length": length_reached_at(r, n), "seconds_per_step": r["train_seconds"] / r["steps"]}
+            "steps_to_length": length_reached_at(r, n)}
 
 
-def report(out=OUT):
-    """Per (arm, n): the seeds' accuracies, steps to reach the training length and time a step; paired
-    Δ to exact at the same n with 95% t intervals. Writes out/report.json and report.md."""
+def finished_runs(out=OUT):
+    """(arm, train_n, seed) -> the run's JSON, for every finished run in out."""
     runs = {}
     for name in sorted(os.listdir(out)) if os.path.isdir(out) else []:
         if name.startswith("jacobi_") and name.endswith(".json"):
             r = read_json(os.path.join(out, name))
             if "arm" in r:
                 runs[(r["arm"], r["train_n"], r["spec"]["seed"])] = r
+    return runs
+
+
+def report(out=OUT, figure=FIGURE):
+    """Per (arm, n): the seeds' accuracies and the step the curriculum reached n; paired Δ to exact at the
+    same n with 95% t intervals; then cost.json's time and memory a step and converged_sweeps.json, where
+    measured. Writes out/report.json, report.md and the figure (curriculum length over steps, accuracy by
+    position)."""
+    runs = finished_runs(out)
     rows = []
     for arm, n in dict.fromkeys([(a, n) for a, n, _ in PLAN] + sorted({(a, n) for a, n, _ in runs})):
         mine = {s: summary(runs[(arm, n, s)]) for s in SEEDS if (arm, n, s) in runs}
@@ -104,7 +113,7 @@ def report(out=OUT):
         exact = {s: summary(runs[("exact", n, s)]) for s in SEEDS if ("exact", n, s) in runs}
         row = {"arm": arm, "train_n": n, "D": runs[(arm, n, min(mine))]["D"], "b": ARMS[arm][2],
                "seeds": sorted(mine)}
-        for key in ("in_dist", "beyond", "seconds_per_step"):
+        for key in ("in_dist", "beyond"):
             row[key] = mean_std([m[key] for m in mine.values()])
         row["steps_to_length"] = {s: m["steps_to_length"] for s, m in mine.items()}
         if arm != "exact" and set(mine) & set(exact):
@@ -113,18 +122,73 @@ def report(out=OUT):
         rows.append(row)
     write_json(os.path.join(out, "report.json"), {"group": GROUP, "rows": rows})
     lines = ["| arm | n | D | b | seeds | positions 1..n | positions n+1..4n | Δ to exact [95% CI] | "
-             "step reaching n, per seed | s/step |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "step reaching n, per seed |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         d = r.get("beyond_minus_exact")
         ci = f"{d['diff']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d and d["ci"] else "—"
         lines.append(f"| {r['arm']} | {r['train_n']} | {r['D'] or '—'} | {r['b'] or '—'} | {len(r['seeds'])} | "
                      f"{r['in_dist'][0]:.3f} | {r['beyond'][0]:.3f} ± {r['beyond'][1]:.3f} | {ci} | "
-                     f"{', '.join(str(v) if v is not None else 'never' for v in r['steps_to_length'].values())} | "
-                     f"{r['seconds_per_step'][0]:.2f} |")
+                     f"{', '.join(str(v) if v is not None else 'never' for v in r['steps_to_length'].values())} |")
+    cost_path = os.path.join(out, "cost.json")
+    if os.path.exists(cost_path):
+        lines += ["", "| arm | T | s/step | × exact | × Jacobi D = 16 | MiB held for backward | × exact | "
+                  "× Jacobi D = 16 |", "|---|---|---|---|---|---|---|---|"]
+        for c in read_json(cost_path)["rows"]:
+            lines.append(f"| {c['arm']} | {c['T']} | {c['seconds_per_step']:.3f} | {c['time_vs_exact']:.2f} | "
+                         f"{c['time_vs_D16']:.2f} | {c['held_bytes'] / 2 ** 20:.0f} | {c['held_vs_exact']:.2f} | "
+                         f"{c['held_vs_D16']:.2f} |")
+    converged_path = os.path.join(out, "converged_sweeps.json")
+    if os.path.exists(converged_path):
+        conv = read_json(converged_path)
+        tols = list(conv["rows"][0]["tol"]) if conv["rows"] else []
+        lines += ["", "| exact-trained seed | " + " | ".join(f"sweeps at tol {t}" for t in tols) + " |",
+                  "|---|" + "---|" * len(tols)]
+        for c in conv["rows"]:
+            lines.append(f"| {c['seed']} | " + " | ".join(
+                f"{c['tol'][t]['sweeps']} (agrees with exact {c['tol'][t]['agrees_with_exact']:.3f})"
+                for t in tols) + " |")
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if figure and runs:
+        draw(runs, figure, n=max(k[1] for k in runs))
     return rows
+
+
+def draw(runs, path, n=32):
+    """Left: the curriculum's length over steps, one line per run at training length n; right: accuracy
+    by position 1..4n, each arm's mean over its seeds."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    arms = [a for a in ARMS if any(k[:2] == (a, n) for k in runs)]
+    colours = dict(zip(arms, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for (arm, train_n, seed), r in sorted(runs.items()):
+        if train_n != n:
+            continue
+        reached = sorted((step, int(L)) for L, step in r.get("curriculum_lengths", {}).items())
+        steps = [0] + [s for s, _ in reached] + [r["steps"]]
+        lengths = [2] + [L for _, L in reached] + [reached[-1][1] if reached else 2]
+        left.step(steps, lengths, where="post", color=colours[arm], alpha=0.8,
+                  label=arm if seed == min(s for a, m, s in runs if (a, m) == (arm, n)) else None)
+    for arm in arms:
+        accs = [r["acc_by_position"] for (a, m, _), r in runs.items() if (a, m) == (arm, n)]
+        mean = [sum(col) / len(col) for col in zip(*accs)]
+        right.plot(range(1, len(mean) + 1), mean, color=colours[arm], label=f"{arm} ({len(accs)} seeds)")
+    for ax in (left, right):
+        ax.axhline(16, color="grey", lw=0.5, ls=":") if ax is left else ax.axvline(16, color="grey", lw=0.5, ls=":")
+    right.axvline(n, color="black", lw=0.6, ls="--")
+    left.set(xlabel="training step", ylabel="curriculum length (positions supervised)",
+             title=f"A5, n = {n}: the curriculum (dotted: D = 16)")
+    right.set(xlabel="position", ylabel="accuracy (exact evaluation)", ylim=(0, 1.02),
+              title=f"accuracy by position (dashed: n = {n}; dotted: 16)")
+    left.legend(fontsize=8)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def cost(lengths=(16, 32), arms=("exact", "jacobi_D16_b4", "jacobi_lag1_b4", "jacobi_D32_b4", "jacobi_D16_b15"),

@@ -32,10 +32,11 @@ def test_a_toy_run_records_its_setting_and_reports(tmp_path):
         assert len(r["acc_by_position"]) == 16 and r["commit"]
     again = jt.run("jacobi_D16_b4", 4, 0, out, ckpt, size, log=lambda *a: None)
     assert again["D"] == 16 and again["b"] == 4
-    rows = jt.report(out)
+    rows = jt.report(out, figure=str(tmp_path / "figure.png"))
     assert [(r["arm"], r["train_n"], r["D"]) for r in rows] == [("exact", 4, None), ("jacobi_D16_b4", 4, 16),
                                                                 ("jacobi_lag1_b4", 4, "T - 1")]
     assert rows[1]["beyond_minus_exact"]["n"] == 1 and os.path.exists(os.path.join(out, "report.md"))
+    assert os.path.exists(tmp_path / "figure.png")
 
 
 def test_cost_times_each_arm_and_counts_the_bytes_its_sweeps_hold(tmp_path):
