@@ -39,7 +39,8 @@ from support.runtime import RunError
 # none. The recipes "lag": D = T - lag for words of T tokens, so D follows the curriculum's length.
 ARMS = {"exact": ("exact", None, None, 0), "jacobi_D16_b4": ("jacobi", 16, 4, 0),
         "jacobi_D32_b4": ("jacobi", 32, 4, 0), "jacobi_D16_b15": ("jacobi", 16, 15, 0),
-        "jacobi_lag1_b4": ("jacobi", 16, 4, 1), "jacobi_lag4_b4": ("jacobi", 16, 4, 4)}
+        "jacobi_lag1_b4": ("jacobi", 16, 4, 1), "jacobi_lag4_b4": ("jacobi", 16, 4, 4),
+        "jacobi_lag1_b15": ("jacobi", 16, 15, 1)}
 SEEDS = (0, 1, 2)
 # the order runs are trained in: the comparison and its control seed by seed, then the isolating arms
 PLAN = ([(arm, n, s) for s in SEEDS for arm, n in (("exact", 32), ("jacobi_D16_b4", 32), ("exact", 16),

@@ -21,6 +21,7 @@ def test_spec_sets_the_mode_D_b_and_lengths():
     # the recipe: D follows the length, one short of it; b as the paper's
     lag = jt.spec("jacobi_lag1_b4", 32, 0)["model"]["config"]
     assert (lag["jacobi_lag"], lag["jacobi_grad_sweeps"]) == (1, 4)
+    assert jt.spec("jacobi_lag1_b15", 32, 0)["model"]["config"]["jacobi_grad_sweeps"] == 15
 
 
 def test_a_toy_run_records_its_setting_and_reports(tmp_path):
