@@ -284,6 +284,10 @@ class GPTConfig:
         self.n_loops, self.n_unique, self.n_unrolled = K, P + n_core + Q, P + n_core * K + Q
         self.n_slots = self.mesh_slots or K + 3               # MeSH's buffer (MeSH §4.4, Table 3)
 
+    def sweeps(self, T: int) -> int:
+        """D, the Jacobi sweeps of a training step on T tokens: jacobi_sweeps, or T - jacobi_lag."""
+        return max(1, T - self.jacobi_lag) if self.jacobi_lag else self.jacobi_sweeps
+
 
 # -----------------------------------------------------------------------------
 # The model
@@ -451,9 +455,9 @@ class GPT(nn.Module):
         if cache is not None and (mode == "jacobi" or cache.length):
             raise ValueError(f"mode {mode!r} cannot continue a cache of {cache.length} positions: "
                              f"use mode 'exact' ('converged' fills an empty one, for a prompt)")
-        T = h_emb.shape[1]         # "converged": T sweeps make every position exact; lag: T - lag
-        D = max(1, T - cfg.jacobi_lag) if cfg.jacobi_lag else cfg.jacobi_sweeps
-        D, b, tol = (D, cfg.jacobi_grad_sweeps, cfg.jacobi_tol) if mode == "jacobi" else (T, 0, tol)
+        T = h_emb.shape[1]
+        D, b, tol = ((cfg.sweeps(T), cfg.jacobi_grad_sweeps, cfg.jacobi_tol) if mode == "jacobi"
+                     else (T, 0, tol))       # converged: T sweeps make every position exact
         l_start, l_end = cfg.recurrent_layers
         caches = cache.layers if cache is not None else [None] * cfg.n_layer      # one per layer
         x = self.run_layers(h_emb, self.lower, 0, caches[:l_start])  # the same in every sweep

@@ -50,6 +50,7 @@ PLAN = ([(arm, n, s) for s in SEEDS for arm, n in (("exact", 32), ("jacobi_D16_b
 GROUP = "A5"
 OUT = "studies/results/jacobi_training"
 FIGURE = "studies/results/figures/jacobi_training.png"
+CKPT = "out/jacobi_training"                  # the runs' checkpoints
 
 
 def spec(arm, n, seed, size=wp.FULL):
@@ -64,7 +65,7 @@ def spec(arm, n, seed, size=wp.FULL):
     return wp.spec_of(size, "jacobi", GROUP, "t2mlr", seed, model, None, mode, tag=f"_{arm}_n{n}")
 
 
-def run(arm, n, seed, out=OUT, ckpt="out/jacobi_training", size=wp.FULL, log=print):
+def run(arm, n, seed, out=OUT, ckpt=CKPT, size=wp.FULL, log=print):
     """Train (or resume, or return) one run; its JSON gains the commit, train_n, D, b and mode."""
     s = spec(arm, n, seed, size)
     paths = {"runs": out, "ckpt": ckpt}
@@ -180,8 +181,8 @@ def draw(runs, path, n=32):
         accs = [r["acc_by_position"] for (a, m, _), r in runs.items() if (a, m) == (arm, n)]
         mean = [sum(col) / len(col) for col in zip(*accs)]
         right.plot(range(1, len(mean) + 1), mean, color=colours[arm], label=f"{arm} ({len(accs)} seeds)")
-    for ax in (left, right):
-        ax.axhline(16, color="grey", lw=0.5, ls=":") if ax is left else ax.axvline(16, color="grey", lw=0.5, ls=":")
+    left.axhline(16, color="grey", lw=0.5, ls=":")                     # D = 16's exactness front
+    right.axvline(16, color="grey", lw=0.5, ls=":")
     right.axvline(n, color="black", lw=0.6, ls="--")
     left.set(xlabel="training step", ylabel="curriculum length (positions supervised)",
              title=f"A5, n = {n}: the curriculum (dotted: D = 16)")
@@ -226,12 +227,11 @@ def cost(lengths=(16, 32), arms=("exact", "jacobi_D16_b4", "jacobi_lag1_b4", "ja
                 log(f"round {r + 1}/{rounds}, T = {T}, {arm}: {seconds[(arm, T)][-1]:.3f} s a step")
     rows = [{"arm": arm, "T": T, "seconds_per_step": sorted(seconds[(arm, T)])[rounds // 2],
              "held_bytes": held[(arm, T)], "threads": torch.get_num_threads()} for T in lengths for arm in arms]
-    for row in rows:
-        ref = {k: next(r for r in rows if r["arm"] == k and r["T"] == row["T"]) for k in ("exact", "jacobi_D16_b4")}
-        row["time_vs_exact"] = row["seconds_per_step"] / ref["exact"]["seconds_per_step"]
-        row["time_vs_D16"] = row["seconds_per_step"] / ref["jacobi_D16_b4"]["seconds_per_step"]
-        row["held_vs_exact"] = row["held_bytes"] / ref["exact"]["held_bytes"]
-        row["held_vs_D16"] = row["held_bytes"] / ref["jacobi_D16_b4"]["held_bytes"]
+    by = {(r["arm"], r["T"]): r for r in rows}
+    for row in rows:                                     # each against exact and Jacobi D = 16 at its T
+        for ref, name in (("exact", "exact"), ("jacobi_D16_b4", "D16")):
+            row[f"time_vs_{name}"] = row["seconds_per_step"] / by[(ref, row["T"])]["seconds_per_step"]
+            row[f"held_vs_{name}"] = row["held_bytes"] / by[(ref, row["T"])]["held_bytes"]
     write_json(os.path.join(out, "cost.json"), {"commit": git_commit(), "batch_size": size["batch_size"],
                                                 "rounds": rounds, "steps": steps, "rows": rows})
     return rows
@@ -239,7 +239,7 @@ def cost(lengths=(16, 32), arms=("exact", "jacobi_D16_b4", "jacobi_lag1_b4", "ja
 
 @torch.no_grad()
 def converged_sweeps(arm="exact", n=32, seeds=SEEDS, tols=(0.5, 0.3, 0.1, 1e-2, 1e-3), examples=512,
-                     ckpt="out/jacobi_training", out=OUT, size=wp.FULL):
+                     ckpt=CKPT, out=OUT, size=wp.FULL, log=print):
     """The converged forward (jacobi_tol), on models trained exactly: for each tolerance, the sweeps a
     Jacobi forward takes on the test words of length n (D = n at most: exact there) before the state
     moves by less than tol of its RMS, and its accuracy at positions 1..n against the exact forward's.
@@ -263,6 +263,7 @@ def converged_sweeps(arm="exact", n=32, seeds=SEEDS, tols=(0.5, 0.3, 0.1, 1e-2, 
             row["tol"][str(tol)] = {"sweeps": passes.n, "acc": (pred == y).float().mean().item(),
                                     "agrees_with_exact": (pred == exact).float().mean().item()}
         rows.append(row)
+        log(f"seed {seed}: sweeps {[v['sweeps'] for v in row['tol'].values()]} at tol {list(row['tol'])}")
     write_json(os.path.join(out, "converged_sweeps.json"), {"commit": git_commit(), "arm": arm, "train_n": n,
                                                            "examples": examples, "rows": rows})
     return rows
@@ -274,7 +275,7 @@ def main(argv):
     p.add_argument("--report", action="store_true", help="the tables from the finished runs")
     p.add_argument("--cost", action="store_true", help="time and memory a step, arm by arm (nothing else running)")
     p.add_argument("--converged", action="store_true", help="the sweeps a converged forward takes on exact-trained models")
-    p.add_argument("--ckpt", default="out/jacobi_training", help="the runs' checkpoints (for --converged)")
+    p.add_argument("--ckpt", default=CKPT, help=f"the runs' checkpoints, for --converged (default {CKPT})")
     p.add_argument("--arm", choices=ARMS, help="one run: its arm")
     p.add_argument("--n", type=int, default=32, help="one run: the training length (default 32)")
     p.add_argument("--seed", type=int, default=0, help="one run: its seed")
@@ -287,7 +288,7 @@ def main(argv):
     if args.cost:
         cost(out=args.out)
     if args.converged:
-        print(converged_sweeps(ckpt=args.ckpt, out=args.out))
+        converged_sweeps(ckpt=args.ckpt, out=args.out)
     if args.arm:
         run(args.arm, args.n, args.seed, args.out)
     elif args.worker:

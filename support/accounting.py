@@ -25,8 +25,9 @@ def param_counts(model: GPT) -> dict:
     return counts
 
 
-def layer_passes(model: GPT):
-    """Per unique layer, (forward passes, backward passes) in one training step, for FLOP counting.
+def layer_passes(model: GPT, T: Optional[int] = None):
+    """Per unique layer, (forward passes, backward passes) in one training step on T tokens (default
+    block_size; T²MLR's D may follow it: GPTConfig.sweeps), for FLOP counting.
 
     Plain and recursive: each application once forward and once backward (a core layer K times).
     T²MLR Jacobi (GPT.jacobi_forward): lower 1/1; middle D forward (D - 1 refining sweeps and the final
@@ -39,7 +40,7 @@ def layer_passes(model: GPT):
     passes = [(1, 1)] * n_prelude + [(K, K)] * n_core + [(1, 1)] * n_coda
     if model.gate is not None:
         start, end = cfg.recurrent_layers
-        D, b = cfg.jacobi_sweeps, cfg.jacobi_grad_sweeps
+        D, b = cfg.sweeps(T or cfg.block_size), cfg.jacobi_grad_sweeps
         grad_sweeps, plain = min(b, D - 1), cfg.jacobi_init == "plain"
         middle = (D + plain + grad_sweeps * cfg.jacobi_checkpoint, grad_sweeps + 1 + (plain and b >= D))
         passes = [middle if start <= i <= end else (1, 1) for i in range(len(passes))]
@@ -57,12 +58,12 @@ def train_flops_per_token(model: GPT, T: Optional[int] = None) -> float:
     T = T or cfg.block_size
     params_per_layer = sum(p.numel() for p in model.layers[0].parameters())
     layer_fwd = 2 * params_per_layer + 4 * cfg.n_embd * T
-    passes = layer_passes(model)
+    passes = layer_passes(model, T)
     flops = sum((fwd + 2 * bwd) * layer_fwd for fwd, bwd in passes)
     if model.gate is not None:
         fwd, bwd = passes[cfg.recurrent_layers[0]]
         if cfg.jacobi_init == "plain":     # the plain start's middle pass runs no gate
-            fwd, bwd = fwd - 1, bwd - (cfg.jacobi_grad_sweeps >= cfg.jacobi_sweeps)
+            fwd, bwd = fwd - 1, bwd - (cfg.jacobi_grad_sweeps >= cfg.sweeps(T))
         gate, half = model.gate, model.gate.A.weight.numel() // 2
         flops += (fwd + 2 * bwd) * 2 * (gate.W_p.weight.numel() + half)    # W_p, A's r~ columns: each sweep
         flops += 6 * (half + gate.A.bias.numel())                  # A's x columns (x_columns): once
@@ -129,7 +130,7 @@ def summary(cfg: GPTConfig) -> str:
         lines.append(f"router params      {counts['router']:,} (+{model.cfg.n_slots} slots, {K + 1} steps)")
     if model.gate is not None:
         lines.append(
-            f"T²MLR gate params  {counts['gate']:,} (layers {start}..{end}, D={cfg.jacobi_sweeps}, "
+            f"T²MLR gate params  {counts['gate']:,} (layers {start}..{end}, D={cfg.sweeps(cfg.block_size)}, "
             f"b={cfg.jacobi_grad_sweeps})"
         )
     lines.append(f"train FLOPs/token  {train_flops_per_token(model):,.0f} at T={cfg.block_size}")
@@ -140,7 +141,7 @@ def exact_training_flops_per_token(model_cfg) -> float:
     """Training FLOPs per token of T²MLR trained exactly (train_mode 'exact'): the middle layers once forward
     and once backward per token, the gate once, as Jacobi with D = 1 (train_flops_per_token counts sweeps)."""
     with torch.device("meta"):
-        return train_flops_per_token(GPT(replace(model_cfg, jacobi_sweeps=1, jacobi_grad_sweeps=0,
+        return train_flops_per_token(GPT(replace(model_cfg, jacobi_sweeps=1, jacobi_grad_sweeps=0, jacobi_lag=0,
                                                  jacobi_tol=0.0, jacobi_checkpoint=False, jacobi_init="zero")))
 
 

@@ -129,6 +129,11 @@ def test_flop_accounting_counts_unrolled_depth_and_sweeps():
     expected = (train_flops_per_token(plain) + 2 * (5 - 1 + 2 * (3 - 1)) * layer / 3
                 + 2 * (5 + 2 * 3) * per_pass + 6 * once)
     assert train_flops_per_token(t2mlr) == pytest.approx(expected)
+    # jacobi_lag: D follows the length, so a step on T tokens costs what fixed D = T - lag costs
+    lagged = GPT(GPTConfig(**(cfg | {"jacobi_lag": 3})))
+    assert layer_passes(lagged, T=8) == [(1, 1), (5, 3), (5, 3), (1, 1)]
+    assert train_flops_per_token(lagged, T=8) == train_flops_per_token(GPT(GPTConfig(**cfg)), T=8)
+    assert train_flops_per_token(lagged, T=20) > train_flops_per_token(t2mlr, T=20)
 
 
 def test_generate_greedy_matches_argmax_of_full_forward():

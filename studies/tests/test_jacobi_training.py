@@ -54,7 +54,8 @@ def test_converged_forward_counts_its_sweeps_and_is_exact_without_a_tolerance(tm
     size = dict(wp.QUICK, steps=4, eval_interval=2)
     out, ckpt = str(tmp_path / "runs"), str(tmp_path / "ckpt")
     jt.run("exact", 6, 0, out, ckpt, size, log=lambda *a: None)
-    rows = jt.converged_sweeps(n=6, seeds=(0,), tols=(1e-12, 0.5), examples=16, ckpt=ckpt, out=out, size=size)
+    rows = jt.converged_sweeps(n=6, seeds=(0,), tols=(1e-12, 0.5), examples=16, ckpt=ckpt, out=out, size=size,
+                                log=lambda *a: None)
     tol = rows[0]["tol"]
     # at a negligible tolerance every one of the n sweeps runs and the forward is the exact one
     assert tol["1e-12"]["sweeps"] == 6 and tol["1e-12"]["agrees_with_exact"] == 1.0
