@@ -53,7 +53,7 @@ from contextlib import nullcontext
 import torch
 from tqdm import tqdm
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, InferenceCache
 from support.accounting import count_middle_passes, train_flops_per_token
 from support.loop import configure_optimizers
 
@@ -164,7 +164,7 @@ def decode_fn(model, prompt, new_tokens, device, autocast):
     steps."""
     @torch.no_grad()
     def decode():
-        cache = model.new_cache()
+        cache = InferenceCache(model.cfg.n_unrolled)
         with autocast:
             logits, _ = model(prompt, cache=cache)
             sync(device)
@@ -184,7 +184,7 @@ def prefill_fn(model, idx, device, autocast, mode=None, tol=0.0):
         sync(device)
         t0 = time.perf_counter()
         with autocast:
-            model(idx, cache=model.new_cache(), mode=mode, tol=tol)
+            model(idx, cache=InferenceCache(model.cfg.n_unrolled), mode=mode, tol=tol)
         sync(device)
         return {"prefill": time.perf_counter() - t0}
     return prefill

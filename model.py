@@ -21,43 +21,14 @@ import torch.nn.functional as F
 # -----------------------------------------------------------------------------
 # The transformer layer: attention with rotary and an optional KV cache, MLP
 
-class LayerCache:
-    """Keys and values of one layer application, at most `max_len` positions: update(k, v) appends
-    (B, n_kv_head, T, hs) tensors, returns all of them (concatenated); RuntimeError past max_len."""
-
-    def __init__(self, max_len: int):
-        self.max_len, self.k, self.v, self.length = max_len, None, None, 0
-
-    def update(self, k, v):
-        if self.length + k.shape[2] > self.max_len:
-            raise RuntimeError(f"KV cache full: {self.length} + {k.shape[2]} > {self.max_len}")
-        if torch.is_grad_enabled() or (self.k is not None and self.k.shape[2] < self.max_len):
-            self.k = k if self.k is None else torch.cat([self.k, k], dim=2)      # under autograd
-            self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        else:
-            self.write_in_place(k, v)
-        self.length += k.shape[2]
-        return self.k[:, :, :self.length], self.v[:, :, :self.length]
-
-    def write_in_place(self, k, v):
-        """Speed-up (no autograd): k, v written into buffers of max_len positions, so that update
-        returns what concatenating does (test_cache_in_place_equals_concatenation)."""
-        if self.k is None:
-            self.k, self.v = (t.new_empty(*t.shape[:2], self.max_len, t.shape[3]) for t in (k, v))
-        self.k[:, :, self.length:self.length + k.shape[2]] = k
-        self.v[:, :, self.length:self.length + v.shape[2]] = v
-
-
 class InferenceCache:
-    """Carried between generation's calls: `layers`, a LayerCache per layer application (a core
-    layer looped K times has K), in order; `R`, T²MLR's state R_{t-1} (B, 1, C)."""
+    """Carried between generation's calls: `layers`, one dict per layer application (a core layer
+    looped K times has K) holding the keys and values so far, "k" and "v" (B, n_kv_head, length,
+    hs), which Attention extends; `length`, the positions processed (the next token's position);
+    `R`, T²MLR's state R_{t-1} (B, 1, C)."""
 
-    def __init__(self, n_applications: int, max_len: int):
-        self.layers, self.R = [LayerCache(max_len) for _ in range(n_applications)], None
-
-    @property
-    def length(self) -> int:          # positions already processed: the next token's position
-        return self.layers[-1].length
+    def __init__(self, n_applications: int):
+        self.layers, self.length, self.R = [{} for _ in range(n_applications)], 0, None
 
 
 class Attention(nn.Module):
@@ -70,8 +41,9 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(C, C + 2 * self.n_kv_head * self.head_dim, bias=cfg.bias)
         self.proj = nn.Linear(C, C, bias=cfg.bias)
 
-    def forward(self, x, cos, sin, cache: Optional[LayerCache] = None):
-        """x (B, T, C) at positions pos..pos+T-1, cos/sin (T, 1, rot_dim) for them -> (B, T, C)."""
+    def forward(self, x, cos, sin, cache: Optional[dict] = None):
+        """x (B, T, C) at positions pos..pos+T-1, cos/sin (T, 1, rot_dim) for them -> (B, T, C);
+        cache: this layer application's "k", "v" of positions 0..pos-1 ({} if none), extended."""
         B, T, C = x.shape
         nh, nkv = self.n_head, self.n_kv_head
         qkv = self.qkv(x).view(B, T, nh + 2 * nkv, self.head_dim)
@@ -83,8 +55,11 @@ class Attention(nn.Module):
             r = (qk[..., :rot] * cos + torch.cat([-x2, x1], dim=-1) * sin).to(qk.dtype)
             qk = r if rot == self.head_dim else torch.cat([r, qk[..., rot:]], dim=-1)   # NeoX: 25%
         q, k = qk.transpose(1, 2).split([nh, nkv], dim=1)                   # (B, nh | nkv, T, hs)
-        past = 0 if cache is None else cache.length
-        k, v = (k, v) if cache is None else cache.update(k, v)               # (B, nkv, past+T, hs)
+        if cache is not None:         # the KV cache: the earlier positions' keys and values first
+            if cache:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache.update(k=k, v=v)                                           # (B, nkv, past+T, hs)
+        past = k.shape[2] - T
         # causal; a chunk after a cached prefix: query i sees keys 0..past+i (one token: all)
         mask = None if past == 0 or T == 1 else \
             torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
@@ -160,9 +135,10 @@ class TemporalGate(nn.Module):
         self.theta_r.zero_()
         self.theta_x.zero_()
 
-    def forward(self, x, r, x_part=None):
+    def forward(self, x, r, x_part=None, recurrent_tokens=None):
         """(T1): x' from x (B, L, C), the input of l_start, and r = R_{t-1} (B, L or 1, C); x_part:
-        x_columns(x), if the caller computed it once."""
+        x_columns(x), if the caller computed it once; tokens where recurrent_tokens (B, L, 1) is
+        False (control flow, the reference's c_t = 1) pass x through."""
         r_tilde = self.W_p(r)                                         # W_p R_{t-1}, (B, L or 1, C)
         if x_part is None:
             a = self.A(torch.cat([x, r_tilde.expand_as(x)], dim=-1))      # A g + b, g = [x; r~]
@@ -171,7 +147,8 @@ class TemporalGate(nn.Module):
         a_r, a_x = torch.sigmoid(a).chunk(2, dim=-1)                          # the local gates
         # θ are fp32 master weights; autocast leaves tanh in fp32 (as the reference)
         gamma_r, gamma_x = (torch.tanh(theta).to(x.dtype) for theta in (self.theta_r, self.theta_x))
-        return x + gamma_r * a_r * r_tilde + gamma_x * a_x * x
+        x_mixed = x + gamma_r * a_r * r_tilde + gamma_x * a_x * x
+        return x_mixed if recurrent_tokens is None else torch.where(recurrent_tokens, x_mixed, x)
 
     def x_columns(self, x):
         """Speed-up: A's x columns and biases on x, A[:, :C] x + b (B, L, 2C), for a caller that
@@ -360,6 +337,8 @@ class GPT(nn.Module):
             h = self.recursive_forward(h, pos, cache)
         else:                                                         # vanilla: every layer once
             h = self.run_layers(h, self.layers, pos, cache.layers if cache is not None else None)
+        if cache is not None:
+            cache.length += idx.shape[1]
         logits = self.lm_head(self.ln_f(h))                           # (B, T, V)
         if targets is None:
             return logits, None
@@ -382,7 +361,7 @@ class GPT(nn.Module):
 
     def run_layers(self, h, layers, pos: int, caches=None):
         """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1 -> (B, T, C); caches:
-        one LayerCache (or None) per layer, or None."""
+        one KV cache (a dict, see Attention) or None per layer, or None."""
         cos, sin = self.rotary(h.dtype, h.device, pos, h.shape[1])
         caches = [None] * len(layers) if caches is None else caches
         for layer, cache in zip(layers, caches, strict=True):
@@ -427,28 +406,23 @@ class GPT(nn.Module):
 
     # ---- time: T²MLR (arXiv 2607.15178; README (T1)-(T3)) ----------------------------------------
 
-    def middle_step(self, x, R_prev, pos: int = 0, caches=None, recurrent_tokens=None, x_part=None):
-        """(T1), (T2) at the positions of x (all in a Jacobi sweep, one token in the exact loop): x
-        (B, L, C) the input of l_start at pos.., R_prev (B, L or 1, C) the state each reads, x_part
-        gate.x_columns(x); non-recurrent tokens (recurrent_tokens (B, L, 1) False) pass x through
-        and write their raw h. Returns (h (B, L, C), R (B, L, C) the states written)."""
-        cfg = self.cfg
-        x_mixed = self.gate(x, R_prev, x_part)
-        if recurrent_tokens is not None:                       # non-recurrent tokens pass x through
-            x_mixed = torch.where(recurrent_tokens, x_mixed, x)
-        h = self.run_layers(x_mixed, self.middle, pos, caches)
-        # (T2) as the reference writes it (1e-6 inside the rms): s is a stop-gradient constant
-        if not cfg.recurrent_residual:
-            return h, h
-        u = h + (R_prev.detach() if cfg.recurrent_detach else R_prev)
-        s = u.detach().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
-        return h, u * s if recurrent_tokens is None else torch.where(recurrent_tokens, u * s, h)
+    def state_update(self, h, R_prev, recurrent_tokens=None):
+        """(T2) as the reference writes it: R = s·(h + R_prev), s = clamp(1/rms, 0.2, 5) (1e-6
+        inside the rms) a stop-gradient constant; h (B, L, C) the middle output, R_prev (B, L or 1,
+        C) the state read -> R (B, L, C). R = h without recurrent_residual and at non-recurrent
+        tokens."""
+        if not self.cfg.recurrent_residual:
+            return h
+        u = h + (R_prev.detach() if self.cfg.recurrent_detach else R_prev)
+        R = u * u.detach().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
+        return R if recurrent_tokens is None else torch.where(recurrent_tokens, R, h)
 
     def jacobi_forward(self, h_emb, control=None, mode="jacobi", tol: float = 0.0, cache=None):
         """(T3), h_emb (B, T, C) -> the top output (B, T, C): D sweeps, the last one's output going
         on, gradient through it and the b before it; a no-grad sweep that moved the state by <= tol
-        of its RMS ends them. "jacobi": the config's D, b, tol; "converged" (a prefill): D = T, b =
-        0, filling an empty cache. The lower layers run once (the reference reruns them: same)."""
+        of its RMS ends those. "jacobi": the config's D, b, tol; "converged" (a prefill): D = T,
+        b = 0, filling an empty cache. The lower layers run once (the reference reruns them:
+        the same values)."""
         cfg = self.cfg
         if mode not in ("jacobi", "converged"):              # "exact" is exact_forward
             raise ValueError(f"mode = {mode!r} must be one of 'jacobi', 'exact', 'converged'")
@@ -463,36 +437,36 @@ class GPT(nn.Module):
         x = self.run_layers(h_emb, self.lower, 0, caches[:l_start])  # the same in every sweep
         recurrent_tokens = None if control is None else (control > 1).unsqueeze(-1)
         x_part = self.gate.x_columns(x)                        # the speed-up: once, not every sweep
+        grad = torch.is_grad_enabled()
 
         def shift(R):     # R_t written at position t is read by token t + 1; token 0 reads R_{-1}=0
             return F.pad(R[:, :-1], (0, 0, 1, 0))
 
-        def sweep(R_prev):  # R^(j) from R^(j-1), all positions in parallel
-            _, R = self.middle_step(x, R_prev, recurrent_tokens=recurrent_tokens, x_part=x_part)
-            return shift(R)
-
-        grad = torch.is_grad_enabled()
-        # R_prev = R^(j), from R^(0) = 0, or jacobi_init "plain": the unmixed middle output, shifted
+        # R_prev = R^(j-1), from R^(0) = 0 or the unmixed middle output shifted (init "plain")
         if cfg.jacobi_init == "plain":
             with torch.set_grad_enabled(grad and b >= D):
                 R_prev = shift(self.run_layers(x, self.middle, 0))
         else:
             R_prev = torch.zeros_like(x)
-        with torch.no_grad():            # sweeps 1..D-1-b refine the state without gradient
-            for _ in range(D - 1 - min(b, D - 1)):
-                new = sweep(R_prev)
-                converged = tol > 0 and (new - R_prev).abs().max() <= tol * new.pow(2).mean().sqrt()
-                R_prev = new
-                if converged:
-                    break
-        for _ in range(min(b, D - 1)):   # the b sweeps before the final one keep their gradient
-            if grad and cfg.jacobi_checkpoint:      # recomputed in backward: less memory, more time
-                R_prev = torch.utils.checkpoint.checkpoint(sweep, R_prev, use_reentrant=False)
-            else:
-                R_prev = sweep(R_prev)
-        # the final sweep: its middle output goes on (and fills the middle layers' caches)
-        h, R = self.middle_step(x, R_prev, caches=caches[l_start:l_end + 1],
-                                recurrent_tokens=recurrent_tokens, x_part=x_part)
+        converged = False
+        for j in range(1, D + 1):       # sweep j: R^(j) from R^(j-1), every position at once
+            keep_grad, final = j >= D - min(b, D - 1), j == D   # the final one, the b before it
+            if converged and not keep_grad:
+                continue                               # tol reached: on to the gradient sweeps
+            with torch.set_grad_enabled(grad and keep_grad):
+                x_mixed = self.gate(x, R_prev, x_part, recurrent_tokens)                   # (T1)
+                if grad and keep_grad and cfg.jacobi_checkpoint and not final:   # less memory:
+                    h = torch.utils.checkpoint.checkpoint(      # recomputed in backward, more time
+                        self.run_layers, x_mixed, self.middle, 0, use_reentrant=False)
+                else:             # the final sweep fills the middle layers' caches, if any
+                    h = self.run_layers(x_mixed, self.middle, 0,
+                                        caches[l_start:l_end + 1] if final else None)
+                R = self.state_update(h, R_prev, recurrent_tokens)                          # (T2)
+            if not final:
+                R_next = shift(R)
+                converged = tol > 0 and not keep_grad and \
+                    (R_next - R_prev).abs().max() <= tol * R_next.pow(2).mean().sqrt()
+                R_prev = R_next
         if cache is not None:
             cache.R = R[:, -1:]                                # R_{T-1}: decoding continues from it
         return self.run_layers(h, self.upper, 0, caches[l_end + 1:])
@@ -506,9 +480,9 @@ class GPT(nn.Module):
         l_start, l_end = self.cfg.recurrent_layers
         caches = cache.layers if cache is not None else [None] * self.cfg.n_layer   # one per layer
         x = self.run_layers(h_emb, self.lower, pos, caches[:l_start])
-        # the middle layers' caches: each token attends to the keys of those before it
+        # the middle layers' KV caches: each token attends to the keys of those before it
         middle_caches = caches[l_start:l_end + 1] if cache is not None else \
-            [LayerCache(T) for _ in self.middle]
+            [{} for _ in self.middle]
         recurrent_tokens = None if control is None else (control > 1).unsqueeze(-1)
         x_part = self.gate.x_columns(x)                        # the speed-up: once, not every token
         R = cache.R if cache is not None and cache.R is not None else x.new_zeros(B, 1, C)
@@ -519,19 +493,15 @@ class GPT(nn.Module):
         outputs = []
         for t, stop in zip(chunk_starts, chunk_starts[1:] + [T]):
             chunk = None if recurrent_tokens is None else recurrent_tokens[:, t:stop]
-            h_t, R_t = self.middle_step(x[:, t:stop], R, pos=pos + t, caches=middle_caches,
-                                        recurrent_tokens=chunk, x_part=x_part[:, t:stop])
-            R = R_t[:, -1:]
+            x_mixed = self.gate(x[:, t:stop], R, x_part[:, t:stop], chunk)                 # (T1)
+            h_t = self.run_layers(x_mixed, self.middle, pos + t, middle_caches)
+            R = self.state_update(h_t, R, chunk)[:, -1:]                  # (T2): R_t, (B, 1, C)
             outputs.append(h_t)
         if cache is not None:
             cache.R = R
         return self.run_layers(torch.cat(outputs, dim=1), self.upper, pos, caches[l_end + 1:])
 
     # ---- generation -------------------------------------------------------------
-
-    def new_cache(self, max_len: Optional[int] = None) -> InferenceCache:
-        """An empty InferenceCache: a LayerCache of max_len (block_size) per layer application."""
-        return InferenceCache(self.cfg.n_unrolled, max_len or self.cfg.block_size)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0,
@@ -543,7 +513,7 @@ class GPT(nn.Module):
         T²MLR: the prompt is non-recurrent (c = 1, as the reference generates) unless
         recurrent_prompt (c = 2), prefilled "exact" or "converged"; new tokens recurrent, exact."""
         check(prefill=prefill, prefill_tol=prefill_tol, temperature=temperature, top_k=top_k)
-        window, cache = self.cfg.block_size, self.new_cache()   # every layer's keys, values; R
+        window, cache = self.cfg.block_size, InferenceCache(self.cfg.n_unrolled)   # keys, values; R
         control = torch.full_like(idx, 2 if recurrent_prompt else 1)   # (B, T), grows with idx
         for step in range(max_new_tokens):
             if step == 0:                 # the prompt, its last block_size tokens, fills the cache

@@ -16,7 +16,7 @@ Run: python -m pytest -q test_equivalence.py
 import pytest
 import torch
 
-from model import GPT, GPTConfig, LayerCache
+from model import GPT, GPTConfig, InferenceCache
 from support.accounting import param_counts, summary
 
 
@@ -137,16 +137,15 @@ def test_mesh_routers_are_not_symmetric_at_init():
         assert router.weight.std() > 0.05 and router.bias.abs().max() == 0
 
 
-@pytest.mark.parametrize("grad", [False, True, "mixed"], ids=["in_place", "concatenated", "mixed"])
+@pytest.mark.parametrize("grad", [False, True, "mixed"], ids=["no_grad", "grad", "mixed"])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_kv_cache_equals_full_recompute(name, grad):
-    """Prefill a prompt, then decode one token at a time and in a chunk: logits equal one full forward.
-    Both cache paths: written in place (no autograd) and concatenated (autograd on), and a switch between
-    them."""
+    """Prefill a prompt, then decode one token at a time and in a chunk: logits equal one full forward,
+    without autograd, with it, and switching between them."""
     model = build(**VARIANTS[name])
     idx = tokens(T=30)
     full, _ = model(idx)
-    cache = model.new_cache()
+    cache = InferenceCache(model.cfg.n_unrolled)
     with torch.set_grad_enabled(bool(grad)):
         pieces = [model(idx[:, :9], cache=cache)[0]]
     with torch.set_grad_enabled(grad is True):
@@ -330,7 +329,7 @@ def test_batch_rows_are_independent():
 
 def identity_middle(model):
     """Zero the middle layers' output projections (attention out, MLP down): each middle layer is then the
-    identity, so middle_step's h equals its mixed input."""
+    identity, so the middle output h equals the gate's output."""
     with torch.no_grad():
         for layer in model.middle:
             for linear in (layer.attn.proj, layer.mlp.down):
@@ -341,38 +340,22 @@ def identity_middle(model):
 
 
 def test_state_update_clamps_its_stop_gradient_scale():
-    """middle_step writes R = s·(h + R_prev), s = clamp(1/rms, 0.2, 5) on detached values (the T²MLR
-    reference's update): with identity middle layers and closed global gates, h = x."""
-    model = identity_middle(build(**VARIANTS["t2mlr_llama"]))
-    with torch.no_grad():
-        model.gate.theta_r.zero_()
-        model.gate.theta_x.zero_()
-    x = torch.full((1, 1, 32), 10.0, requires_grad=True)            # rms 10 -> s = 0.1, clamped to 0.2
-    h, r = model.middle_step(x, torch.zeros(1, 1, 32))
-    assert torch.equal(h, x) and torch.allclose(r, torch.full((1, 1, 32), 2.0), atol=1e-14, rtol=0)
+    """state_update (T2) writes R = s·(h + R_prev), s = clamp(1/rms, 0.2, 5) on detached values (the
+    T²MLR reference's update), R = h at non-recurrent tokens and without recurrent_residual."""
+    model = build(**VARIANTS["t2mlr_llama"])
+    h = torch.full((1, 1, 32), 10.0, requires_grad=True)            # rms 10 -> s = 0.1, clamped to 0.2
+    r = model.state_update(h, torch.zeros(1, 1, 32))
+    assert torch.allclose(r, torch.full((1, 1, 32), 2.0), atol=1e-14, rtol=0)
     r.sum().backward()
-    assert torch.allclose(x.grad, torch.full((1, 1, 32), 0.2))     # the scale is a constant for autograd
-    _, small = model.middle_step(torch.full((1, 1, 32), 0.25), torch.full((1, 1, 32), 0.25))
+    assert torch.allclose(h.grad, torch.full((1, 1, 32), 0.2))     # the scale is a constant for autograd
+    small = model.state_update(torch.full((1, 1, 32), 0.25), torch.full((1, 1, 32), 0.25))
     # u = 0.5, s = 1/sqrt(0.25 + 1e-6)
     assert torch.allclose(small, torch.full((1, 1, 32), 0.5 / 0.250001 ** 0.5), atol=1e-15, rtol=0)
+    h2, recurrent = torch.randn(1, 3, 32), torch.tensor([True, False, True]).view(1, 3, 1)
+    mixed = model.state_update(h2, torch.ones(1, 1, 32), recurrent)
+    assert torch.equal(mixed[:, 1], h2[:, 1]) and not torch.equal(mixed[:, 0], h2[:, 0])
     model.cfg.recurrent_residual = False                                # R_t = h_t, the raw l_end output
-    assert torch.equal(model.middle_step(x, torch.ones(1, 1, 32))[1], x)
-
-
-def test_cache_in_place_equals_concatenation():
-    """The fenced speed-up LayerCache.write_in_place (no autograd): chunks written into max_len buffers give
-    what concatenating them does (the form used under autograd), at every call, and the same overflow."""
-    chunks = [torch.randn(2, 3, T, 4) for T in (5, 1, 1, 3)]
-    in_place, concatenated = LayerCache(16), LayerCache(16)
-    for c in chunks:
-        with torch.no_grad():
-            k, v = in_place.update(c, -c)
-        with torch.enable_grad():
-            k_cat, v_cat = concatenated.update(c, -c)
-        assert torch.equal(k, k_cat) and torch.equal(v, v_cat) and in_place.length == concatenated.length
-    assert in_place.k.shape[2] == 16 and concatenated.k.shape[2] == 10           # buffers vs exact size
-    with torch.no_grad(), pytest.raises(RuntimeError, match="KV cache full: 10 \\+ 7 > 16"):
-        in_place.update(torch.randn(2, 3, 7, 4), torch.randn(2, 3, 7, 4))
+    assert torch.equal(model.state_update(h.detach(), torch.ones(1, 1, 32)), h.detach())
 
 
 def test_gate_x_columns_equal_the_gate():
@@ -392,13 +375,13 @@ def test_gate_x_columns_equal_the_gate():
     assert grads["split"][3].abs().max() > 0                                    # W_p gets a gradient
 
 
-def test_middle_step_gate_equals_the_direct_form():
-    """middle_step's gate (masked by control flow) equals gate_direct at recurrent
-    positions and passes x through at the others."""
+def test_controlled_gate_equals_the_direct_form():
+    """The gate under control flow (recurrent_tokens) equals gate_direct at recurrent positions and passes
+    x through at the others; through identity middle layers, so does the middle output."""
     model = identity_middle(build(**VARIANTS["t2mlr_llama"]))
     x, r = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     recurrent = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool).unsqueeze(-1)
-    h, _ = model.middle_step(x, r, recurrent_tokens=recurrent)
+    h = model.run_layers(model.gate(x, r, recurrent_tokens=recurrent), model.middle, 0)
     want = torch.where(recurrent, gate_direct(model.gate, x, r), x)
     assert (h - want).abs().max() <= 1e-14 and (h - x)[recurrent.expand_as(x)].abs().min() > 0
 
@@ -502,7 +485,7 @@ def test_control_flow_cached_decoding_equals_exact():
     T, P = 14, 5
     idx, control = tokens(T=T), mixed_control(T)
     exact = model(idx, mode="exact", control=control)[0]
-    cache = model.new_cache()
+    cache = InferenceCache(model.cfg.n_unrolled)
     pieces = [model(idx[:, :P], cache=cache, control=control[:, :P])[0]]
     for t in range(P, T):
         pieces.append(model(idx[:, t:t + 1], cache=cache, control=control[:, t:t + 1])[0])

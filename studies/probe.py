@@ -188,7 +188,7 @@ def t2mlr_probe(model, idx):
     units.insert(start, ("gate", *taps.joined(model.gate)))
     x = taps.joined(model.gate)[0]                                                 # the input of l_start
     with Taps([model.gate, *model.middle, *model.upper]) as zero:
-        h, _ = model.middle_step(x, torch.zeros_like(x))
+        h = model.run_layers(model.gate(x, torch.zeros_like(x)), model.middle, 0)
         model.run_layers(h, model.upper, 0)
     units_no_state = units[:start] + [("gate", *zero.joined(model.gate))] + [
         (name, *zero.joined(layer)) for name, layer in named[start:]]

@@ -28,6 +28,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from model import InferenceCache
 from studies.probe import validation_sequences
 from support.checkpoints import load_model, require_keys
 from support.runtime import RunError
@@ -39,7 +40,7 @@ RESET_EVERY = (1, 8, 32, 128)
 def ablated_logits(model, idx, resets):
     """Logits (B, T, V) of the exact recurrence with the state read by token t replaced by 0 wherever
     resets(t) is True (t = 0 always reads 0). One token at a time through the model's KV cache."""
-    cache = model.new_cache(idx.shape[1])
+    cache = InferenceCache(model.cfg.n_unrolled)
     logits = []
     for t in range(idx.shape[1]):
         if resets(t):

@@ -43,7 +43,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from support.config import ConfigError
-from model import GPT
+from model import GPT, InferenceCache
 from support.checkpoints import load_model, recorded_tokenizer
 from support.runtime import RunError, autocast_context, check_device, resolve_device, resolve_dtype
 from support.tokenizers import DataError, get_tokenizer
@@ -213,7 +213,7 @@ class NanoLM(TemplateLM):
         prompt pass that fills a fresh KV cache (T²MLR: exact, or converged in mode 'converged'), then one
         token per step through the cache; stops after max_gen_toks tokens or once the decoded text holds one
         of the strings `until`."""
-        cache = self.model.new_cache()
+        cache = InferenceCache(self.model.cfg.n_unrolled)
         idx = torch.tensor([context], device=self._device)
         prefill = "converged" if self.mode == "converged" else "exact"
         out = []

@@ -31,7 +31,7 @@ import lm_eval                                          # noqa: E402
 from lm_eval.api.instance import Instance               # noqa: E402
 from lm_eval.tasks import TaskManager                   # noqa: E402
 
-from model import GPT, GPTConfig                        # noqa: E402
+from model import GPT, GPTConfig, InferenceCache        # noqa: E402
 from support.harness import NanoLM                      # noqa: E402
 from support.tokenizers import get_tokenizer            # noqa: E402
 from test_equivalence import VARIANTS, build            # noqa: E402
@@ -138,9 +138,9 @@ def test_the_equality_above_catches_pads_that_reach_the_state():
         alone = model(torch.tensor([short]))[0][0]
         left = model(torch.tensor([[0] * (len(long) - len(short)) + short, long]))[0][0, -len(short):]
         right = F.log_softmax(adapter(model).logits([long, short])[1, :len(short)], dim=-1)
-        cache = model.new_cache()
+        cache = InferenceCache(model.cfg.n_unrolled)
         model(torch.tensor([long]), cache=cache)
-        cache.layers = [type(layer)(BLOCK) for layer in cache.layers]           # keys reset, cache.R kept
+        cache.layers, cache.length = [{} for _ in cache.layers], 0              # keys reset, cache.R kept
         carried = model(torch.tensor([short]), cache=cache)[0][0]
     reference = F.log_softmax(alone, dim=-1)
     assert (F.log_softmax(left, dim=-1) - reference).abs().max() > 1e-3

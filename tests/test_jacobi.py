@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from bench import SavedTensorMeter
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, InferenceCache
 from support.accounting import count_middle_passes, layer_passes, train_flops_per_token
 
 TINY_LLAMA = dict(
@@ -67,9 +67,15 @@ def lower_output(model, idx):
     return model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, model.lower, 0)
 
 
+def middle_step(model, x, R_prev, recurrent=None, x_part=None):
+    """One sweep's step at every position of x: the gate (T1), the middle layers, the update (T2) -> (h, R)."""
+    h = model.run_layers(model.gate(x, R_prev, x_part, recurrent), model.middle, 0)
+    return h, model.state_update(h, R_prev, recurrent)
+
+
 def logits_from_state(model, x, state, x_part=None, recurrent=None):
     """The final sweep from a given state R^(D-1): middle_step, the upper layers and the head."""
-    h, _ = model.middle_step(x, state, recurrent_tokens=recurrent, x_part=x_part)
+    h, _ = middle_step(model, x, state, recurrent, x_part)
     return model.lm_head(model.ln_f(model.run_layers(h, model.upper, 0)))
 
 
@@ -83,7 +89,7 @@ def fixed_d_logits(model, idx, control=None):
     state = torch.zeros_like(x)
     for d in range(cfg.jacobi_sweeps - 1):
         with torch.set_grad_enabled(grad and cfg.jacobi_sweeps - 1 - d <= cfg.jacobi_grad_sweeps):
-            state = shift(model.middle_step(x, state, recurrent_tokens=recurrent, x_part=x_part)[1])
+            state = shift(middle_step(model, x, state, recurrent, x_part)[1])
     return logits_from_state(model, x, state, x_part, recurrent)
 
 
@@ -92,7 +98,7 @@ def sweep_changes(model, idx, sweeps):
     x = lower_output(model, idx)
     x_part, states, changes = model.gate.x_columns(x), [torch.zeros_like(x)], []   # R^(0)
     for _ in range(sweeps):
-        states.append(shift(model.middle_step(x, states[-1], x_part=x_part)[1]))
+        states.append(shift(middle_step(model, x, states[-1], x_part=x_part)[1]))
         changes.append(((states[-1] - states[-2]).abs().max() / states[-1].pow(2).mean().sqrt()).item())
     return x, states, changes
 
@@ -219,7 +225,7 @@ def test_converged_prefill_equals_exact_prefill(control):
     model = build()
     idx = tokens(T=T)
     c = None if control is None else torch.tensor([[1] * 5 + [2] * 15, [2] * 20, [1] * 12 + [2] * 8])
-    caches = {mode: model.new_cache() for mode in ("exact", "converged")}
+    caches = {mode: InferenceCache(model.cfg.n_unrolled) for mode in ("exact", "converged")}
     with torch.no_grad():
         out = {mode: model(idx, mode=mode, cache=cache, control=c)[0] for mode, cache in caches.items()}
         model.cfg.jacobi_sweeps = T
@@ -228,7 +234,7 @@ def test_converged_prefill_equals_exact_prefill(control):
     assert torch.equal(out["converged"], jacobi)
     assert (caches["converged"].R - caches["exact"].R).abs().max() <= 1e-12
     for a, b in zip(caches["converged"].layers, caches["exact"].layers):
-        assert a.length == b.length == T and (a.k[:, :, :T] - b.k[:, :, :T]).abs().max() <= 1e-12
+        assert a["k"].shape[2] == b["k"].shape[2] == T and (a["k"] - b["k"]).abs().max() <= 1e-12
 
 
 def test_converged_prefill_then_decoding_equals_exact_generation():
@@ -243,7 +249,7 @@ def test_converged_prefill_then_decoding_equals_exact_generation():
         )
         assert torch.equal(got, want)
     with torch.no_grad():
-        model(prompt, mode="converged", cache=model.new_cache(), control=torch.ones_like(prompt), tol=1e-12)
+        model(prompt, mode="converged", cache=InferenceCache(model.cfg.n_unrolled), control=torch.ones_like(prompt), tol=1e-12)
     # sweep 1 is exact, sweep 2 confirms it, then the final pass
     assert model.passes.n == 3
 
@@ -264,7 +270,7 @@ def test_converged_prefill_tolerance_trades_sweeps_for_bounded_error():
 
 def test_converged_prefill_refuses_a_filled_cache():
     model = build()
-    cache = model.new_cache()
+    cache = InferenceCache(model.cfg.n_unrolled)
     with torch.no_grad():
         model(tokens(T=4), cache=cache)
         with pytest.raises(

@@ -13,9 +13,12 @@ import sys
 import tokenize
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 # the two ideas: MeSH's memory and recursion, T²MLR's gate, middle step and both ways to run the recurrence
-IDEAS = ("TemporalGate", "GPT.recursive_forward", "GPT.mesh_write_read", "GPT.middle_step", "GPT.jacobi_forward",
+IDEAS = ("TemporalGate", "GPT.recursive_forward", "GPT.mesh_write_read", "GPT.state_update", "GPT.jacobi_forward",
          "GPT.exact_forward")
 
 
@@ -69,6 +72,48 @@ def test_model_py_is_the_model_with_the_ideas_at_its_centre():
 
 def test_no_model_py_line_is_over_100_characters():
     assert model_numbers()["long_lines"] == [], "model.py lines (numbers) over 100 characters"
+
+
+def model_py_nesting(run) -> int:
+    """The deepest chain of model.py functions that `run` calls below the first one it enters (GPT.forward
+    or GPT.generate): each nn.Module call counts once, torch's own frames and comprehensions not at all."""
+    path, depth, deepest = str(ROOT / "model.py"), [0], [0]
+
+    def profile(frame, event, arg):
+        if frame.f_code.co_filename == path and not frame.f_code.co_name.startswith("<"):
+            depth[0] += {"call": 1, "return": -1}.get(event, 0)
+            deepest[0] = max(deepest[0], depth[0])
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return deepest[0] - 1
+
+
+T2MLR = {"t2mlr": True, "l_start": 1, "l_end": 2}
+NESTING_PATHS = {            # a path -> (its config's fields, how it runs): the README's reading map
+    "vanilla": ({}, lambda m, idx, cache: m(idx)),
+    "base": ({"layout": "1+2R2+1"}, lambda m, idx, cache: m(idx)),
+    "mesh": ({"layout": "1+2R2+1", "state_passing": "mesh"}, lambda m, idx, cache: m(idx)),
+    "jacobi": (T2MLR | {"jacobi_sweeps": 4}, lambda m, idx, cache: m.train()(idx)),
+    "exact": (T2MLR, lambda m, idx, cache: m(idx, mode="exact")),
+    "cached generation": ({}, lambda m, idx, cache: m.generate(idx, 3)),
+    "T²MLR decoding": (T2MLR, lambda m, idx, cache: [m(idx[:, t:t + 1], cache=cache) for t in range(6)]),
+}
+
+
+@pytest.mark.parametrize("path", list(NESTING_PATHS))
+def test_every_path_nests_at_most_four_calls(path):
+    """Calls below the first model.py function entered, down to attention: GPT.forward -> jacobi_forward
+    -> run_layers -> Layer -> Attention is 4, vanilla's forward 3, vanilla's generate -> forward -> .. 4."""
+    from model import GPT, GPTConfig, InferenceCache
+    fields, run = NESTING_PATHS[path]
+    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=2, n_embd=16, **fields)).eval()
+    idx, cache = torch.randint(0, 64, (1, 6)), InferenceCache(model.cfg.n_unrolled)
+    with torch.no_grad() if path != "jacobi" else torch.enable_grad():
+        nesting = model_py_nesting(lambda: run(model, idx, cache))
+    assert nesting == (3 if path == "vanilla" else 4), nesting
 
 
 def top_level_py():

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import model as model_module
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, InferenceCache
 from support.accounting import layer_passes, param_counts, train_flops_per_token
 from support.loop import configure_optimizers
 
@@ -550,11 +550,11 @@ def test_t2mlr_mode_is_explicit_and_jacobi_refuses_a_cache():
     idx = torch.randint(0, 64, (2, 12))
     with torch.no_grad():
         with pytest.raises(ValueError, match="mode 'jacobi' cannot continue a cache of"):
-            model(idx, mode="jacobi", cache=model.new_cache())
+            model(idx, mode="jacobi", cache=InferenceCache(model.cfg.n_unrolled))
         with pytest.raises(ValueError, match="mode = 'sweeps' must be one of"):
             model(idx, mode="sweeps")
         exact, jacobi = model(idx, mode="exact")[0], model(idx, mode="jacobi")[0]
         assert (exact - jacobi)[:, 1:].abs().max() > 1e-4                 # D = 1: only position 0 exact
         assert torch.equal(model.train()(idx)[0], jacobi)                # train(): jacobi
         assert torch.equal(model.eval()(idx)[0], exact)                  # eval(): exact
-        assert torch.equal(model.train()(idx, cache=model.new_cache())[0], exact)   # a cache: exact
+        assert torch.equal(model.train()(idx, cache=InferenceCache(model.cfg.n_unrolled))[0], exact)   # a cache: exact

@@ -33,15 +33,17 @@ mesh_o, mesh_n = pair(
 van_o, van_n = pair(flavour="neox", vocab_size=320, n_embd=128, n_head=4, n_layer=8, block_size=256)
 g = torch.Generator().manual_seed(1)
 idx = torch.randint(0, 320, (4, 256), generator=g); prompt = torch.randint(0, 320, (4, 64), generator=g)
+def new_cache(m):      # an older model.py has GPT.new_cache; this one an InferenceCache class
+    return m.new_cache() if hasattr(m, "new_cache") else sys.modules[type(m).__module__].InferenceCache(m.cfg.n_unrolled)
 def train_step(m):
     m.train(); t0 = time.perf_counter(); _, loss = m(idx, idx); loss.backward(); m.zero_grad(); m.eval()
     return time.perf_counter() - t0
 @torch.no_grad()
 def prefill(m):
-    c = m.new_cache(); t0 = time.perf_counter(); m(prompt, cache=c); return time.perf_counter() - t0
+    c = new_cache(m); t0 = time.perf_counter(); m(prompt, cache=c); return time.perf_counter() - t0
 @torch.no_grad()
 def decode(m):
-    c = m.new_cache(); m(prompt[:1], cache=c); tok = prompt[:1, -1:]
+    c = new_cache(m); m(prompt[:1], cache=c); tok = prompt[:1, -1:]
     t0 = time.perf_counter()
     for _ in range(32): m(tok, cache=c)
     return (time.perf_counter() - t0) / 32

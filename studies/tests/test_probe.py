@@ -130,7 +130,8 @@ def test_t2mlr_probe_joins_the_token_loop_and_zeroes_the_state():
         x = model.run_layers(model.wte(idx) * 32 ** 0.5, model.lower, 0)
         R_read, h_exact = torch.zeros_like(x[:, :1]), []    # the states positions 0..t read: [0, R_0, ..]
         for t in range(12):                                  # the exact recurrence, by hand (O(T²))
-            h_t, R = model.middle_step(x[:, :t + 1], R_read)
+            h_t = model.run_layers(model.gate(x[:, :t + 1], R_read), model.middle, 0)
+            R = model.state_update(h_t, R_read)
             R_read = torch.cat([torch.zeros_like(x[:, :1]), R], dim=1)
             h_exact.append(h_t[:, -1:])
         h_exact = torch.cat(h_exact, dim=1)
