@@ -233,7 +233,7 @@ class GPTConfig:
     jacobi_grad_sweeps: int = 4      # b: sweeps before the final one that keep gradient (b <= D)
     jacobi_lag: int = 0              # > 0: D = max(1, T - lag) for T tokens: D follows the length
     jacobi_tol: float = 0.0          # > 0: stop no-grad sweeps once the state moves less (relative)
-    jacobi_checkpoint: bool = False  # recompute the b gradient sweeps in backward (less memory)
+    jacobi_checkpoint: bool = False  # recompute the b sweeps' middle layers in backward (memory)
     jacobi_init: str = "zero"        # R^(0): "zero" (ours) or "plain" (reference's, +1 middle pass)
     recurrent_residual: bool = True  # R_t = s·(h_t + R_{t-1}), not h_t (the reference's FineWeb)
     recurrent_detach: bool = False   # no gradient along the R chain (reference: FineWeb off, S5 on)

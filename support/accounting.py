@@ -32,8 +32,8 @@ def layer_passes(model: GPT, T: Optional[int] = None):
     Plain and recursive: each application once forward and once backward (a core layer K times).
     T²MLR Jacobi (GPT.jacobi_forward): lower 1/1; middle D forward (D - 1 refining sweeps and the final
     sweep), min(b, D - 1) + 1 backward; upper 1/1. jacobi_init "plain" adds one middle forward (and its
-    backward when b = D, which keeps the start's gradient too), jacobi_checkpoint the recomputed forwards
-    of the gradient sweeps; jacobi_tol can only lower the count, so the count is its maximum.
+    backward when b = D, which keeps the start's gradient too), jacobi_checkpoint the recomputed middle-layer
+    forwards of the gradient sweeps; jacobi_tol can only lower the count, so the count is its maximum.
     """
     cfg = model.cfg
     n_prelude, n_core, K, n_coda = cfg.depth
@@ -64,6 +64,8 @@ def train_flops_per_token(model: GPT, T: Optional[int] = None) -> float:
         fwd, bwd = passes[cfg.recurrent_layers[0]]
         if cfg.jacobi_init == "plain":     # the plain start's middle pass runs no gate
             fwd, bwd = fwd - 1, bwd - (cfg.jacobi_grad_sweeps >= cfg.sweeps(T))
+        if cfg.jacobi_checkpoint:          # backward recomputes the middle layers, not the gate
+            fwd -= min(cfg.jacobi_grad_sweeps, cfg.sweeps(T) - 1)
         gate, half = model.gate, model.gate.A.weight.numel() // 2
         flops += (fwd + 2 * bwd) * 2 * (gate.W_p.weight.numel() + half)    # W_p, A's r~ columns: each sweep
         flops += 6 * (half + gate.A.bias.numel())                  # A's x columns (x_columns): once

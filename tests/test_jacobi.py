@@ -342,14 +342,16 @@ def test_flop_count_follows_the_options():
     assert middle(jacobi_sweeps=3, jacobi_grad_sweeps=3, jacobi_init="plain") == (4, 4)
 
 
-def test_plain_start_adds_no_gate_flops():
-    """The plain start's extra middle pass runs the layers but not the gate: train_flops_per_token grows
-    by exactly one middle forward of layer FLOPs (b < D: no backward through it)."""
+@pytest.mark.parametrize("option, extra_passes", [("jacobi_init", 1), ("jacobi_checkpoint", 4)])
+def test_the_options_add_middle_layer_flops_only(option, extra_passes):
+    """The plain start's extra middle pass and checkpointing's recomputed forwards (b = 4 of them) run the
+    middle layers but not the gate: train_flops_per_token grows by exactly that many middle forwards of
+    layer FLOPs (b < D: no backward through the plain start)."""
     with torch.device("meta"):
         zero = GPT(GPTConfig(**(TINY_LLAMA | dict(jacobi_sweeps=16, jacobi_grad_sweeps=4))))
-        plain = GPT(GPTConfig(**(TINY_LLAMA | dict(jacobi_sweeps=16, jacobi_grad_sweeps=4,
-                                                   jacobi_init="plain"))))
+        other = GPT(GPTConfig(**(TINY_LLAMA | dict(jacobi_sweeps=16, jacobi_grad_sweeps=4,
+                                                   **{option: "plain" if option == "jacobi_init" else True}))))
     T, C = TINY_LLAMA["block_size"], TINY_LLAMA["n_embd"]
     layer_fwd = 2 * sum(p.numel() for p in zero.layers[0].parameters()) + 4 * C * T
     n_mid = len(zero.middle)
-    assert train_flops_per_token(plain) - train_flops_per_token(zero) == n_mid * layer_fwd
+    assert train_flops_per_token(other) - train_flops_per_token(zero) == extra_passes * n_mid * layer_fwd
