@@ -249,7 +249,8 @@ def test_converged_prefill_then_decoding_equals_exact_generation():
         )
         assert torch.equal(got, want)
     with torch.no_grad():
-        model(prompt, mode="converged", cache=InferenceCache(model.cfg.n_unrolled), control=torch.ones_like(prompt), tol=1e-12)
+        model(prompt, mode="converged", cache=InferenceCache(model.cfg.n_unrolled), control=torch.ones_like(prompt),
+              tol=1e-12)
     # sweep 1 is exact, sweep 2 confirms it, then the final pass
     assert model.passes.n == 3
 

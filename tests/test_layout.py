@@ -17,7 +17,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-# the two ideas: MeSH's memory and recursion, T²MLR's gate, middle step and both ways to run the recurrence
+# the two ideas: MeSH's memory and recursion, T²MLR's gate, state update and both ways to run the recurrence
 IDEAS = ("TemporalGate", "GPT.recursive_forward", "GPT.mesh_write_read", "GPT.state_update", "GPT.jacobi_forward",
          "GPT.exact_forward")
 

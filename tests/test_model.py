@@ -172,6 +172,12 @@ def test_cache_overflow_and_long_input_raise():
     model = GPT(GPTConfig(**TINY, n_layer=1))
     with pytest.raises(ValueError, match="exceeds block_size = 32"):
         model(torch.zeros(1, 33, dtype=torch.long))
+    cache = InferenceCache(model.cfg.n_unrolled)                   # a cache holds block_size positions
+    with torch.no_grad():
+        model(torch.zeros(1, 30, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="^33 tokens exceeds block_size = 32"):
+            model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    assert cache.length == 30 and cache.layers[0]["k"].shape[2] == 30     # the refused call wrote nothing
     with pytest.raises(ValueError, match="mode = 'fast'"):
         GPT(GPTConfig(**TINY, n_layer=2, t2mlr=True))(torch.zeros(1, 3, dtype=torch.long), mode="fast")
 
@@ -557,4 +563,5 @@ def test_t2mlr_mode_is_explicit_and_jacobi_refuses_a_cache():
         assert (exact - jacobi)[:, 1:].abs().max() > 1e-4                 # D = 1: only position 0 exact
         assert torch.equal(model.train()(idx)[0], jacobi)                # train(): jacobi
         assert torch.equal(model.eval()(idx)[0], exact)                  # eval(): exact
-        assert torch.equal(model.train()(idx, cache=InferenceCache(model.cfg.n_unrolled))[0], exact)   # a cache: exact
+        cached = model.train()(idx, cache=InferenceCache(model.cfg.n_unrolled))[0]
+        assert torch.equal(cached, exact)                                # a cache: exact
