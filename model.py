@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 
 # -----------------------------------------------------------------------------
-# The transformer layer: attention with rotary and an optional KV cache, MLP
+# The transformer layer: attention with rotary and an optional KV cache, the MLP
 
 class InferenceCache:
     """Carried between generation's calls: `layers`, one dict per layer application (a core layer
@@ -31,22 +31,38 @@ class InferenceCache:
         self.layers, self.length, self.R = [{} for _ in range(n_applications)], 0, None
 
 
-class Attention(nn.Module):
-    """Causal self-attention: grouped-query heads (n_kv_head <= n_head), rotary, SDPA."""
+class Layer(nn.Module):
+    """One layer (B, T, C) -> (B, T, C), residual included: neox (Pythia, MeSH) x + attn(ln1 x) +
+    mlp(ln2 x) with LayerNorm; llama (SmolLM2, T²MLR) x += attn(ln1 x); x += mlp(ln2 x), RMSNorm."""
 
     def __init__(self, cfg):
         super().__init__()
         C, self.n_head, self.n_kv_head = cfg.n_embd, cfg.n_head, cfg.n_kv_head
-        self.head_dim = C // cfg.n_head
-        self.qkv = nn.Linear(C, C + 2 * self.n_kv_head * self.head_dim, bias=cfg.bias)
-        self.proj = nn.Linear(C, C, bias=cfg.bias)
+        self.head_dim, hidden = C // cfg.n_head, cfg.mlp_hidden
+        self.parallel, self.swiglu = cfg.flavour == "neox", cfg.flavour == "llama"
+        Norm = nn.LayerNorm if self.parallel else nn.RMSNorm          # the flavour's norm
+        self.ln1 = Norm(C, eps=cfg.norm_eps)
+        self.attn = nn.ModuleDict({                                  # q, k, v fused; the output
+            "qkv": nn.Linear(C, C + 2 * self.n_kv_head * self.head_dim, bias=cfg.bias),
+            "proj": nn.Linear(C, C, bias=cfg.bias)})
+        self.ln2 = Norm(C, eps=cfg.norm_eps)
+        self.mlp = nn.ModuleDict({                                   # SwiGLU: up = [W_g W_u]
+            "up": nn.Linear(C, (2 if self.swiglu else 1) * hidden, bias=cfg.bias),
+            "down": nn.Linear(hidden, C, bias=cfg.bias)})
 
-    def forward(self, x, cos, sin, cache: Optional[dict] = None):
-        """x (B, T, C) at positions pos..pos+T-1, cos/sin (T, 1, rot_dim) for them -> (B, T, C);
-        cache: this layer application's "k", "v" of positions 0..pos-1 ({} if none), extended."""
+    def forward(self, x, cos, sin, cache=None):
+        if self.parallel:
+            return x + self.attention(self.ln1(x), cos, sin, cache) + self.feed_forward(self.ln2(x))
+        x = x + self.attention(self.ln1(x), cos, sin, cache)
+        return x + self.feed_forward(self.ln2(x))
+
+    def attention(self, x, cos, sin, cache: Optional[dict] = None):
+        """Causal self-attention, grouped-query heads (n_kv_head <= n_head), rotary, SDPA: x (B, T,
+        C) at positions pos..pos+T-1, cos/sin (T, 1, rot_dim) for them -> (B, T, C); cache: this
+        layer application's "k", "v" of positions 0..pos-1 ({} if none), extended."""
         B, T, C = x.shape
         nh, nkv = self.n_head, self.n_kv_head
-        qkv = self.qkv(x).view(B, T, nh + 2 * nkv, self.head_dim)
+        qkv = self.attn.qkv(x).view(B, T, nh + 2 * nkv, self.head_dim)
         qk, v = qkv[:, :, :nh + nkv], qkv[:, :, nh + nkv:].transpose(1, 2)   # v (B, nkv, T, hs)
         # rotary (RoPE, NeoX/LLaMA "rotate half") on the first rot_dim dims of q and k: with
         # [x1, x2] the halves, x -> x cos + [-x2, x1] sin
@@ -65,96 +81,14 @@ class Attention(nn.Module):
             torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0,
                                            enable_gqa=True)
-        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return self.attn.proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
-
-class MLP(nn.Module):
-    """GELU (neox: down(gelu(up x))) or SwiGLU (llama: down(silu(x W_g) * x W_u), up = [W_g W_u])"""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.swiglu = cfg.flavour == "llama"
-        self.up = nn.Linear(cfg.n_embd, (2 if self.swiglu else 1) * cfg.mlp_hidden, bias=cfg.bias)
-        self.down = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)
-
-    def forward(self, x):
+    def feed_forward(self, x):
+        """The MLP: GELU (neox: down(gelu(up x))) or SwiGLU (llama: down(silu(x W_g) * x W_u))."""
         if self.swiglu:              # SwiGLU: silu(x W_g) * (x W_u), both halves of one matmul
-            xg, xu = self.up(x).chunk(2, dim=-1)
-            return self.down(F.silu(xg) * xu)
-        return self.down(F.gelu(self.up(x)))
-
-
-class Layer(nn.Module):
-    """One layer (B, T, C) -> (B, T, C), residual included: neox (Pythia, MeSH) x + attn(ln1 x) +
-    mlp(ln2 x) with LayerNorm; llama (SmolLM2, T²MLR) x += attn(ln1 x); x += mlp(ln2 x), RMSNorm."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.parallel = cfg.flavour == "neox"
-        Norm = nn.LayerNorm if self.parallel else nn.RMSNorm          # the flavour's norm
-        self.ln1, self.attn = Norm(cfg.n_embd, eps=cfg.norm_eps), Attention(cfg)
-        self.ln2, self.mlp = Norm(cfg.n_embd, eps=cfg.norm_eps), MLP(cfg)
-
-    def forward(self, x, cos, sin, cache=None):
-        if self.parallel:
-            return x + self.attn(self.ln1(x), cos, sin, cache) + self.mlp(self.ln2(x))
-        x = x + self.attn(self.ln1(x), cos, sin, cache)
-        return x + self.mlp(self.ln2(x))
-
-
-# -----------------------------------------------------------------------------
-# T²MLR: the gate that mixes R_{t-1} into the input of l_start (README (T1))
-
-class TemporalGate(nn.Module):
-    """The gate of (T1), the reference's "gated" mixer, 5C² + 2C + 2 parameters: W_p, A = [A_r;
-    A_x] (2C x 2C, its rows A_r then A_x) acting on g = [x; r~] with the biases [b_r; b_x], and
-    the global gates θ_r, θ_x (zero at init: an exact identity)."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        C = cfg.n_embd
-        self.W_p = nn.Linear(C, C, bias=False)
-        self.A = nn.Linear(2 * C, 2 * C)                          # [A_r; A_x] and [b_r; b_x]
-        self.theta_r, self.theta_x = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
-        self.weight_gain, self.bias_prob = cfg.gate_weight_gain, cfg.gate_bias_prob
-
-    @torch.no_grad()
-    def reset_parameters(self):
-        """The reference's: W_p as nn.Linear; A xavier-normal, std gain·sqrt(2/(3C)), x columns
-        first; b_r = b_x = logit(gate_bias_prob) (None: U(±1/sqrt(2C))); θ = 0."""
-        C = self.W_p.in_features
-        self.W_p.reset_parameters()
-        std = self.weight_gain * math.sqrt(2 / (3 * C))
-        on_x, on_r = (torch.empty(2 * C, C).normal_(std=std) for _ in range(2))
-        self.A.weight.copy_(torch.cat([on_x, on_r], dim=1))
-        if self.bias_prob is None:
-            nn.init.uniform_(self.A.bias, -1 / math.sqrt(2 * C), 1 / math.sqrt(2 * C))
-        else:
-            p = min(max(self.bias_prob, 1e-4), 1 - 1e-4)
-            nn.init.constant_(self.A.bias, math.log(p / (1 - p)))
-        self.theta_r.zero_()
-        self.theta_x.zero_()
-
-    def forward(self, x, r, x_part=None, recurrent_tokens=None):
-        """(T1): x' from x (B, L, C), the input of l_start, and r = R_{t-1} (B, L or 1, C); x_part:
-        x_columns(x), if the caller computed it once; tokens where recurrent_tokens (B, L, 1) is
-        False (control flow, the reference's c_t = 1) pass x through."""
-        r_tilde = self.W_p(r)                                         # W_p R_{t-1}, (B, L or 1, C)
-        if x_part is None:
-            a = self.A(torch.cat([x, r_tilde.expand_as(x)], dim=-1))      # A g + b, g = [x; r~]
-        else:                                                                 # the same, split
-            a = x_part + F.linear(r_tilde, self.A.weight[:, x.shape[-1]:])
-        a_r, a_x = torch.sigmoid(a).chunk(2, dim=-1)                          # the local gates
-        # θ are fp32 master weights; autocast leaves tanh in fp32 (as the reference)
-        gamma_r, gamma_x = (torch.tanh(theta).to(x.dtype) for theta in (self.theta_r, self.theta_x))
-        x_mixed = x + gamma_r * a_r * r_tilde + gamma_x * a_x * x
-        return x_mixed if recurrent_tokens is None else torch.where(recurrent_tokens, x_mixed, x)
-
-    def x_columns(self, x):
-        """Speed-up: A's x columns and biases on x, A[:, :C] x + b (B, L, 2C), for a caller that
-        runs the gate many times on the same x (every sweep, every token); forward(x, r,
-        x_columns(x)) equals forward(x, r): test_gate_x_columns_equal_the_gate."""
-        return F.linear(x, self.A.weight[:, :x.shape[-1]], self.A.bias)
+            xg, xu = self.mlp.up(x).chunk(2, dim=-1)
+            return self.mlp.down(F.silu(xg) * xu)
+        return self.mlp.down(F.gelu(self.mlp.up(x)))
 
 
 # -----------------------------------------------------------------------------
@@ -287,9 +221,13 @@ class GPT(nn.Module):
                     return nn.ModuleList(nn.Linear(cfg.n_embd, cfg.n_slots) for _ in range(K + 1))
                 self.mesh = nn.ModuleDict({"write_routers": routers(), "read_routers": routers()})
         if cfg.t2mlr:       # below l_start, the recurrent l_start..l_end, above l_end
-            start, end = cfg.recurrent_layers
+            start, end, C = *cfg.recurrent_layers, cfg.n_embd
             self.lower, self.middle = layers[:start], layers[start:end + 1]
-            self.upper, self.gate = layers[end + 1:], TemporalGate(cfg)
+            self.upper, self.gate = layers[end + 1:], nn.Module()
+            # (T1)'s parameters, 5C² + 2C + 2: W_p; A = [A_r; A_x] (2C x 2C, its rows A_r then A_x)
+            # on g = [x; r~] with the biases [b_r; b_x]; θ_r, θ_x the global gates (0: an identity)
+            self.gate.W_p, self.gate.A = nn.Linear(C, C, bias=False), nn.Linear(2 * C, 2 * C)
+            self.gate.theta_r, self.gate.theta_x = (nn.Parameter(torch.zeros(1)) for _ in range(2))
         self.ln_f = type(self.layers[0].ln1)(cfg.n_embd, eps=cfg.norm_eps)     # the layers' norm
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -313,7 +251,7 @@ class GPT(nn.Module):
                 for proj in (layer.attn.proj, layer.mlp.down):
                     nn.init.normal_(proj.weight, std=std / math.sqrt(2 * self.cfg.n_unrolled))
         if self.gate is not None:
-            self.gate.reset_parameters()
+            self.init_gate()
 
     # ---- forward: idx -> logits, one branch per variant ------------------------------------------
 
@@ -406,6 +344,45 @@ class GPT(nn.Module):
 
     # ---- time: T²MLR (arXiv 2607.15178; README (T1)-(T3)) ----------------------------------------
 
+    @torch.no_grad()
+    def init_gate(self):
+        """The reference's: W_p as nn.Linear; A xavier-normal, std gain·sqrt(2/(3C)), x columns
+        first; b_r = b_x = logit(gate_bias_prob) (None: U(±1/sqrt(2C))); θ = 0."""
+        gate, C = self.gate, self.cfg.n_embd
+        gate.W_p.reset_parameters()
+        std = self.cfg.gate_weight_gain * math.sqrt(2 / (3 * C))
+        on_x, on_r = (torch.empty(2 * C, C).normal_(std=std) for _ in range(2))
+        gate.A.weight.copy_(torch.cat([on_x, on_r], dim=1))
+        if self.cfg.gate_bias_prob is None:
+            nn.init.uniform_(gate.A.bias, -1 / math.sqrt(2 * C), 1 / math.sqrt(2 * C))
+        else:
+            p = min(max(self.cfg.gate_bias_prob, 1e-4), 1 - 1e-4)
+            nn.init.constant_(gate.A.bias, math.log(p / (1 - p)))
+        gate.theta_r.zero_()
+        gate.theta_x.zero_()
+
+    def temporal_gate(self, x, r, x_part=None, recurrent_tokens=None):
+        """(T1), the reference's "gated" mixer: x' from x (B, L, C), the input of l_start, and r =
+        R_{t-1} (B, L or 1, C); x_part: gate_x_columns(x), if the caller computed it once; tokens
+        where recurrent_tokens (B, L, 1) is False (control flow, the reference's c_t = 1) pass x."""
+        gate = self.gate
+        r_tilde = gate.W_p(r)                                         # W_p R_{t-1}, (B, L or 1, C)
+        if x_part is None:
+            a = gate.A(torch.cat([x, r_tilde.expand_as(x)], dim=-1))      # A g + b, g = [x; r~]
+        else:                                                                 # the same, split
+            a = x_part + F.linear(r_tilde, gate.A.weight[:, x.shape[-1]:])
+        a_r, a_x = torch.sigmoid(a).chunk(2, dim=-1)                          # the local gates
+        # θ are fp32 master weights; autocast leaves tanh in fp32 (as the reference)
+        gamma_r, gamma_x = (torch.tanh(theta).to(x.dtype) for theta in (gate.theta_r, gate.theta_x))
+        x_mixed = x + gamma_r * a_r * r_tilde + gamma_x * a_x * x
+        return x_mixed if recurrent_tokens is None else torch.where(recurrent_tokens, x_mixed, x)
+
+    def gate_x_columns(self, x):
+        """Speed-up: A's x columns and biases on x, A[:, :C] x + b (B, L, 2C), for a caller that
+        runs the gate many times on the same x (every sweep, every token); temporal_gate(x, r,
+        gate_x_columns(x)) equals temporal_gate(x, r): test_gate_x_columns_equal_the_gate."""
+        return F.linear(x, self.gate.A.weight[:, :x.shape[-1]], self.gate.A.bias)
+
     def state_update(self, h, R_prev, recurrent_tokens=None):
         """(T2) as the reference writes it: R = s·(h + R_prev), s = clamp(1/rms, 0.2, 5) (1e-6
         inside the rms) a stop-gradient constant; h (B, L, C) the middle output, R_prev (B, L or 1,
@@ -436,7 +413,7 @@ class GPT(nn.Module):
         caches = cache.layers if cache is not None else [None] * cfg.n_layer      # one per layer
         x = self.run_layers(h_emb, self.lower, 0, caches[:l_start])  # the same in every sweep
         recurrent_tokens = None if control is None else (control > 1).unsqueeze(-1)
-        x_part = self.gate.x_columns(x)                        # the speed-up: once, not every sweep
+        x_part = self.gate_x_columns(x)                        # the speed-up: once, not every sweep
         grad = torch.is_grad_enabled()
 
         def shift(R):     # R_t written at position t is read by token t + 1; token 0 reads R_{-1}=0
@@ -454,7 +431,7 @@ class GPT(nn.Module):
             if converged and not keep_grad:
                 continue                               # tol reached: on to the gradient sweeps
             with torch.set_grad_enabled(grad and keep_grad):
-                x_mixed = self.gate(x, R_prev, x_part, recurrent_tokens)                   # (T1)
+                x_mixed = self.temporal_gate(x, R_prev, x_part, recurrent_tokens)             # (T1)
                 if grad and keep_grad and cfg.jacobi_checkpoint and not final:   # less memory:
                     h = torch.utils.checkpoint.checkpoint(      # recomputed in backward, more time
                         self.run_layers, x_mixed, self.middle, 0, use_reentrant=False)
@@ -484,7 +461,7 @@ class GPT(nn.Module):
         middle_caches = caches[l_start:l_end + 1] if cache is not None else \
             [{} for _ in self.middle]
         recurrent_tokens = None if control is None else (control > 1).unsqueeze(-1)
-        x_part = self.gate.x_columns(x)                        # the speed-up: once, not every token
+        x_part = self.gate_x_columns(x)                        # the speed-up: once, not every token
         R = cache.R if cache is not None and cache.R is not None else x.new_zeros(B, 1, C)
         # the chunks: one token each, except that a span where no row is recurrent is one chunk
         reads = [True] * T if recurrent_tokens is None else \
@@ -493,7 +470,7 @@ class GPT(nn.Module):
         outputs = []
         for t, stop in zip(chunk_starts, chunk_starts[1:] + [T]):
             chunk = None if recurrent_tokens is None else recurrent_tokens[:, t:stop]
-            x_mixed = self.gate(x[:, t:stop], R, x_part[:, t:stop], chunk)                 # (T1)
+            x_mixed = self.temporal_gate(x[:, t:stop], R, x_part[:, t:stop], chunk)         # (T1)
             h_t = self.run_layers(x_mixed, self.middle, pos + t, middle_caches)
             R = self.state_update(h_t, R, chunk)[:, -1:]                  # (T2): R_t, (B, 1, C)
             outputs.append(h_t)

@@ -359,13 +359,14 @@ def test_state_update_clamps_its_stop_gradient_scale():
 
 
 def test_gate_x_columns_equal_the_gate():
-    """The fenced speed-up TemporalGate.x_columns: A's x columns applied to x once, then A's r~ columns per
+    """The fenced speed-up GPT.gate_x_columns: A's x columns applied to x once, then A's r~ columns per
     call, give the gate of (T1) (gate_direct): values, and the gradients of x, R and every gate weight."""
-    gate = build(**VARIANTS["t2mlr_llama"]).gate
+    model = build(**VARIANTS["t2mlr_llama"])
+    gate = model.gate
     x, r = torch.randn(2, 5, 32, requires_grad=True), torch.randn(2, 1, 32, requires_grad=True)
     grads = {}
     for name, out in (("direct", lambda: gate_direct(gate, x, r.expand(2, 5, 32))),
-                      ("split", lambda: gate(x, r, gate.x_columns(x)))):
+                      ("split", lambda: model.temporal_gate(x, r, model.gate_x_columns(x)))):
         gate.zero_grad(), setattr(x, "grad", None), setattr(r, "grad", None)
         y = out()
         (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
@@ -381,7 +382,7 @@ def test_controlled_gate_equals_the_direct_form():
     model = identity_middle(build(**VARIANTS["t2mlr_llama"]))
     x, r = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     recurrent = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool).unsqueeze(-1)
-    h = model.run_layers(model.gate(x, r, recurrent_tokens=recurrent), model.middle, 0)
+    h = model.run_layers(model.temporal_gate(x, r, recurrent_tokens=recurrent), model.middle, 0)
     want = torch.where(recurrent, gate_direct(model.gate, x, r), x)
     assert (h - want).abs().max() <= 1e-14 and (h - x)[recurrent.expand_as(x)].abs().min() > 0
 

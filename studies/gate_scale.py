@@ -8,8 +8,8 @@ initialisations:
     reference   weight_init="reference", embed_scale=False: the T²MLR reference's Hugging Face Llama models,
                 every weight N(0, 0.02²), embeddings unscaled
 
-The gate's own initialisation (TemporalGate.reset_parameters: W_p the Linear default) is the same in both.
-The ratio is read from outside the model, by a forward pre-hook on model.gate (its args: x, r = R_{t-1}) during the exact recurrence (eval mode), pooled over the positions that read a state: t >= 1 and,
+The gate's own initialisation (GPT.init_gate: W_p the Linear default) is the same in both.
+The ratio is read from outside the model, by wrapping the gate, GPT.temporal_gate (its args: x, r = R_{t-1}), during the exact recurrence (eval mode), pooled over the positions that read a state: t >= 1 and,
 with a control flow, the recurrent tokens (c >= 2). At θ_r = θ_x = 0 the gate is an identity, so R_{t-1} is
 the state of the model at init whatever the branch's size.
 
@@ -43,21 +43,25 @@ INITS = {"ours": {}, "reference": {"weight_init": "reference", "embed_scale": Fa
 
 
 class GateInputs:
-    """A forward pre-hook on model.gate that sums, over the positions that read a state, the squares of
+    """A wrapper around the gate, GPT.temporal_gate, that sums, over the positions that read a state, the squares of
     W_p R_{t-1} and of x (the input of l_start). Position p of a call is counted from 0 over the calls of one
     exact forward (chunks in order); `mask` (B, T) bool picks the positions (None: all). Use as
     `with GateInputs(model, mask) as g: model(idx)`, then g.ratio()."""
 
     def __init__(self, model: GPT, mask=None):
         self.mask, self.pos, self.sum_r, self.sum_x, self.count = mask, 0, 0.0, 0.0, 0
-        self.handle = model.gate.register_forward_pre_hook(self.hook)
+        self.model, gate = model, type(model).temporal_gate
 
-    def hook(self, gate, args):
-        x, r = args[0], args[1]
+        def wrapped(x, r, *args, **kwargs):
+            self.keep(x, r)
+            return gate(model, x, r, *args, **kwargs)
+        model.temporal_gate = wrapped                        # the instance's attribute shadows the method
+
+    def keep(self, x, r):
         B, L, C = x.shape
         keep = torch.ones(B, L, dtype=torch.bool) if self.mask is None else self.mask[:, self.pos:self.pos + L]
         keep = keep & (torch.arange(self.pos, self.pos + L) >= 1)          # token 0 reads R_{-1} = 0
-        r_tilde = gate.W_p(r).expand(B, L, C)
+        r_tilde = self.model.gate.W_p(r).expand(B, L, C)
         self.sum_r += r_tilde[keep].double().pow(2).sum().item()
         self.sum_x += x[keep].double().pow(2).sum().item()
         self.count += int(keep.sum()) * C
@@ -74,7 +78,7 @@ class GateInputs:
         return self
 
     def __exit__(self, *exc):
-        self.handle.remove()
+        del self.model.temporal_gate
 
 
 @torch.no_grad()

@@ -115,12 +115,21 @@ def effective_rank(sigma):
 
 class Taps:
     """Forward hooks on `modules` that keep the (input, output) of every call, in order: `calls[module]`.
-    The first positional argument is the input (a Layer's h, the gate's x, ln_f's h_out, wte's idx). Use as
-    a context manager: the hooks are removed on exit."""
+    The first positional argument is the input (a Layer's h, ln_f's h_out, wte's idx). gate_of: a T²MLR
+    model whose gate (T1), GPT.temporal_gate, is kept too, as calls["gate"] (its x, x'). Use as a context
+    manager: the hooks are removed on exit."""
 
-    def __init__(self, modules):
+    def __init__(self, modules, gate_of=None):
         self.calls = {m: [] for m in modules}
         self.handles = [m.register_forward_hook(self.keep) for m in self.calls]
+        self.model = gate_of
+        if gate_of is not None:                # the gate is a method: wrapped on the instance
+            self.calls["gate"], gate = [], type(gate_of).temporal_gate
+
+            def tapped(x, *args, **kwargs):
+                self.calls["gate"].append((x, gate(gate_of, x, *args, **kwargs)))
+                return self.calls["gate"][-1][1]
+            gate_of.temporal_gate = tapped
 
     def keep(self, module, args, output):
         self.calls[module].append((args[0], output))
@@ -137,6 +146,8 @@ class Taps:
     def __exit__(self, *exc):
         for handle in self.handles:
             handle.remove()
+        if self.model is not None:
+            del self.model.temporal_gate
 
 
 def embedding(model, taps):
@@ -181,16 +192,16 @@ def t2mlr_probe(model, idx):
     before l_start."""
     start, _ = model.cfg.recurrent_layers
     layers = list(model.layers)
-    with Taps([model.wte, model.ln_f, model.gate, *layers]) as taps:
+    with Taps([model.wte, model.ln_f, *layers], gate_of=model) as taps:
         model(idx, mode="exact")
     named = [(f"layer{i}", layer) for i, layer in enumerate(layers)]
     units = [(name, *taps.joined(layer)) for name, layer in named]
-    units.insert(start, ("gate", *taps.joined(model.gate)))
-    x = taps.joined(model.gate)[0]                                                 # the input of l_start
-    with Taps([model.gate, *model.middle, *model.upper]) as zero:
-        h = model.run_layers(model.gate(x, torch.zeros_like(x)), model.middle, 0)
+    units.insert(start, ("gate", *taps.joined("gate")))
+    x = taps.joined("gate")[0]                                                     # the input of l_start
+    with Taps([*model.middle, *model.upper], gate_of=model) as zero:
+        h = model.run_layers(model.temporal_gate(x, torch.zeros_like(x)), model.middle, 0)
         model.run_layers(h, model.upper, 0)
-    units_no_state = units[:start] + [("gate", *zero.joined(model.gate))] + [
+    units_no_state = units[:start] + [("gate", *zero.joined("gate"))] + [
         (name, *zero.joined(layer)) for name, layer in named[start:]]
     outputs = [(name, f_h) for name, _, f_h in units if name != "gate"]
     states = {"h_emb": embedding(model, taps)} | dict(outputs[:-1]) | {"h_out": taps.calls[model.ln_f][0][0]}

@@ -68,7 +68,7 @@ def train_flops_per_token(model: GPT, T: Optional[int] = None) -> float:
             fwd -= min(cfg.jacobi_grad_sweeps, cfg.sweeps(T) - 1)
         gate, half = model.gate, model.gate.A.weight.numel() // 2
         flops += (fwd + 2 * bwd) * 2 * (gate.W_p.weight.numel() + half)    # W_p, A's r~ columns: each sweep
-        flops += 6 * (half + gate.A.bias.numel())                  # A's x columns (x_columns): once
+        flops += 6 * (half + gate.A.bias.numel())                  # A's x columns (gate_x_columns): once
     if model.mesh is not None:
         flops += 6 * sum(p.numel() for p in model.mesh.parameters())
     return flops + 6 * cfg.n_embd * cfg.vocab_size

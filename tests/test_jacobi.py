@@ -69,7 +69,7 @@ def lower_output(model, idx):
 
 def middle_step(model, x, R_prev, recurrent=None, x_part=None):
     """One sweep's step at every position of x: the gate (T1), the middle layers, the update (T2) -> (h, R)."""
-    h = model.run_layers(model.gate(x, R_prev, x_part, recurrent), model.middle, 0)
+    h = model.run_layers(model.temporal_gate(x, R_prev, x_part, recurrent), model.middle, 0)
     return h, model.state_update(h, R_prev, recurrent)
 
 
@@ -85,7 +85,7 @@ def fixed_d_logits(model, idx, control=None):
     cfg = model.cfg
     grad = torch.is_grad_enabled()
     x = lower_output(model, idx)
-    x_part, recurrent = model.gate.x_columns(x), None if control is None else (control > 1).unsqueeze(-1)
+    x_part, recurrent = model.gate_x_columns(x), None if control is None else (control > 1).unsqueeze(-1)
     state = torch.zeros_like(x)
     for d in range(cfg.jacobi_sweeps - 1):
         with torch.set_grad_enabled(grad and cfg.jacobi_sweeps - 1 - d <= cfg.jacobi_grad_sweeps):
@@ -96,7 +96,7 @@ def fixed_d_logits(model, idx, control=None):
 def sweep_changes(model, idx, sweeps):
     """`sweeps` Jacobi sweeps by hand: (x, states R^(0..sweeps), changes max|R^(k) - R^(k-1)| / RMS(R^(k)))"""
     x = lower_output(model, idx)
-    x_part, states, changes = model.gate.x_columns(x), [torch.zeros_like(x)], []   # R^(0)
+    x_part, states, changes = model.gate_x_columns(x), [torch.zeros_like(x)], []   # R^(0)
     for _ in range(sweeps):
         states.append(shift(middle_step(model, x, states[-1], x_part=x_part)[1]))
         changes.append(((states[-1] - states[-2]).abs().max() / states[-1].pow(2).mean().sqrt()).item())
@@ -138,7 +138,7 @@ def test_tol_stop_is_within_the_bound_it_implies(tol):
         logits = model(idx, mode="jacobi")[0]
         # k sweeps + the final pass, which started from R^(k)
         assert model.passes.n == k + 1 < T
-        assert torch.equal(logits, logits_from_state(model, x, states[k], model.gate.x_columns(x)))
+        assert torch.equal(logits, logits_from_state(model, x, states[k], model.gate_x_columns(x)))
     # Δ_{k+1}, Δ_{k+2}, ...
     deltas = [(b - a).abs().max().item() for a, b in zip(states[k:], states[k + 1:])]
     # float64 rounding of O(1) states: ratios below it are noise
@@ -324,8 +324,8 @@ def test_plain_start_is_the_shifted_unmixed_middle_pass():
     with torch.no_grad():
         x = lower_output(model, idx)
         start = shift(model.run_layers(x, model.middle, 0))                            # R^(0)
-        want = logits_from_state(model, x, start, model.gate.x_columns(x))
-        zero = logits_from_state(model, x, torch.zeros_like(x), model.gate.x_columns(x))
+        want = logits_from_state(model, x, start, model.gate_x_columns(x))
+        zero = logits_from_state(model, x, torch.zeros_like(x), model.gate_x_columns(x))
         assert torch.equal(model(idx, mode="jacobi")[0], want) and model.passes.n == 2
     assert (want - zero)[:, 1:].abs().max() > 1e-6                                  # the start matters
 

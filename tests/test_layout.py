@@ -18,8 +18,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 # the two ideas: MeSH's memory and recursion, T²MLR's gate, state update and both ways to run the recurrence
-IDEAS = ("TemporalGate", "GPT.recursive_forward", "GPT.mesh_write_read", "GPT.state_update", "GPT.jacobi_forward",
-         "GPT.exact_forward")
+IDEAS = ("GPT.recursive_forward", "GPT.mesh_write_read", "GPT.init_gate", "GPT.temporal_gate", "GPT.gate_x_columns",
+         "GPT.state_update", "GPT.jacobi_forward", "GPT.exact_forward")
 
 
 def code_lines(source: str):
@@ -106,7 +106,7 @@ NESTING_PATHS = {            # a path -> (its config's fields, how it runs): the
 @pytest.mark.parametrize("path", list(NESTING_PATHS))
 def test_every_path_nests_at_most_four_calls(path):
     """Calls below the first model.py function entered, down to attention: GPT.forward -> jacobi_forward
-    -> run_layers -> Layer -> Attention is 4, vanilla's forward 3, vanilla's generate -> forward -> .. 4."""
+    -> run_layers -> Layer -> attention is 4, vanilla's forward 3, vanilla's generate -> forward -> .. 4."""
     from model import GPT, GPTConfig, InferenceCache
     fields, run = NESTING_PATHS[path]
     model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=2, n_embd=16, **fields)).eval()
@@ -114,6 +114,47 @@ def test_every_path_nests_at_most_four_calls(path):
     with torch.no_grad() if path != "jacobi" else torch.enable_grad():
         nesting = model_py_nesting(lambda: run(model, idx, cache))
     assert nesting == (3 if path == "vanilla" else 4), nesting
+
+
+def model_py_definitions(run) -> set:
+    """The model.py functions that `run` enters, by qualified name, the entered-first one left out; functions
+    nested inside one (and lambdas, comprehensions) are part of it."""
+    path, entered = str(ROOT / "model.py"), []
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_filename == path and "<" not in code.co_qualname:
+            entered.append(code.co_qualname)
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return set(entered) - {entered[0]}
+
+
+def jumps(path) -> list:
+    """The definitions a reader opens following `path` from its first function to the logits, by the rule
+    nanoGPT takes 10 and 11 under: every definition outside the function being read, GPTConfig (its fields
+    and methods) and each class's __init__ included, each once a path."""
+    from model import GPT, GPTConfig, InferenceCache
+    fields, run = NESTING_PATHS[path]
+    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=2, n_embd=16, **fields)).eval()
+    idx, cache = torch.randint(0, 64, (1, 6)), InferenceCache(model.cfg.n_unrolled)
+    with torch.no_grad() if path != "jacobi" else torch.enable_grad():
+        entered = model_py_definitions(lambda: run(model, idx, cache))
+    opened = {"GPTConfig" if name.startswith("GPTConfig.") else name for name in entered}
+    classes = {name.split(".")[0] for name in opened if "." in name} - {"GPT"}
+    return sorted(opened | {"GPTConfig", "GPT.__init__"} | {f"{c}.__init__" for c in classes})
+
+
+JUMP_TARGETS = {"vanilla": 10, "base": 11, "mesh": 12, "jacobi": 12, "exact": 12, "cached generation": 12}
+
+
+@pytest.mark.parametrize("path", list(JUMP_TARGETS))
+def test_every_path_opens_at_most_its_target_of_definitions(path):
+    opened = jumps(path)
+    assert len(opened) <= JUMP_TARGETS[path], opened
 
 
 def top_level_py():
@@ -194,8 +235,11 @@ def test_no_message_doc_or_default_points_at_a_folder_users_lack():
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
     numbers = model_numbers()
     print(f"model.py: {numbers['lines']} lines, {numbers['code']} code lines, the ideas {numbers['ideas']} "
           f"= {100 * numbers['ideas_share']:.1f}%, {len(numbers['long_lines'])} lines over 100 characters")
     print(f"README.md: {len((ROOT / 'README.md').read_text().splitlines())} lines")
+    for path in JUMP_TARGETS:
+        print(f"{path}: {len(jumps(path))} jumps: {', '.join(jumps(path))}")
     print(f"top-level .py: {', '.join(top_level_py())}")

@@ -125,7 +125,7 @@ def test_flop_accounting_counts_unrolled_depth_and_sweeps():
     layer = train_flops_per_token(plain) - train_flops_per_token(GPT(GPTConfig(**TINY, n_layer=3)))
     C = 32
     per_pass = C * C + 2 * C * C          # W_p and A's r~ columns: every pass
-    once = 2 * C * C + 2 * C              # A's x columns and the biases: once a forward (x_columns)
+    once = 2 * C * C + 2 * C              # A's x columns and the biases: once a forward (gate_x_columns)
     expected = (train_flops_per_token(plain) + 2 * (5 - 1 + 2 * (3 - 1)) * layer / 3
                 + 2 * (5 + 2 * 3) * per_pass + 6 * once)
     assert train_flops_per_token(t2mlr) == pytest.approx(expected)
@@ -278,7 +278,7 @@ def test_t2mlr_gate_initialisation():
     assert W_p.abs().max() <= 1 / math.sqrt(C) and W_p.std() > 0.9 / math.sqrt(3 * C)
     assert param_counts(model)["gate"] == 5 * C * C + 2 * C + 2
     x = torch.randn(2, 5, C)
-    assert torch.equal(gate(x, torch.randn(2, 5, C)), x)                       # the mixed input is x
+    assert torch.equal(model.temporal_gate(x, torch.randn(2, 5, C)), x)                    # the mixed input is x
 
 
 def tables_applied(model, pos, T, dtype):
@@ -293,9 +293,9 @@ def tables_applied(model, pos, T, dtype):
 
 
 def test_rotary_is_a_relative_position_encoding(monkeypatch):
-    """Rotary (NeoX/LLaMA rotate-half form, applied inside Attention): the score q·k depends only on the offset
+    """Rotary (NeoX/LLaMA rotate-half form, applied inside Layer.attention): the score q·k depends only on the offset
     between positions, position 0 is the identity, and the rotated dims keep their norm; the pass-through
-    dims are untouched. The rotated q, k are read where Attention hands them to SDPA."""
+    dims are untouched. The rotated q, k are read where attention hands them to SDPA."""
     seen, original = {}, F.scaled_dot_product_attention
 
     def sdpa(q, k, v, **kw):
@@ -307,12 +307,12 @@ def test_rotary_is_a_relative_position_encoding(monkeypatch):
     for pct in (1.0, 0.25):
         cfg = GPTConfig(vocab_size=8, block_size=40, n_embd=16, n_head=1, n_layer=1, rope_pct=pct)
         model = GPT(cfg).double()
-        attn = model.layers[0].attn
+        layer = model.layers[0]
         x = torch.randn(1, 1, 16, dtype=torch.float64).expand(1, 40, 16)      # one vector at every position
         cos, sin = tables_applied(model, 0, 40, torch.float64)               # float64 from the start: ~1e-16
-        attn(x, cos, sin)
+        layer.attention(x, cos, sin)
         q, k = seen["q"][0, 0], seen["k"][0, 0]                               # (40, 16) rotated by position
-        q0 = attn.qkv(x)[0, 0, :16]                                           # the unrotated query
+        q0 = layer.attn.qkv(x)[0, 0, :16]                                          # the unrotated query
         score = lambda m, n: (q[m] * k[n]).sum()
         close = lambda a, b: (a - b).abs().max() <= 1e-13
         assert close(score(7, 3), score(30, 26)) and close(score(0, 9), score(11, 20))

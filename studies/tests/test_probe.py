@@ -130,13 +130,13 @@ def test_t2mlr_probe_joins_the_token_loop_and_zeroes_the_state():
         x = model.run_layers(model.wte(idx) * 32 ** 0.5, model.lower, 0)
         R_read, h_exact = torch.zeros_like(x[:, :1]), []    # the states positions 0..t read: [0, R_0, ..]
         for t in range(12):                                  # the exact recurrence, by hand (O(T²))
-            h_t = model.run_layers(model.gate(x[:, :t + 1], R_read), model.middle, 0)
+            h_t = model.run_layers(model.temporal_gate(x[:, :t + 1], R_read), model.middle, 0)
             R = model.state_update(h_t, R_read)
             R_read = torch.cat([torch.zeros_like(x[:, :1]), R], dim=1)
             h_exact.append(h_t[:, -1:])
         h_exact = torch.cat(h_exact, dim=1)
         assert (units[3][2] - h_exact).abs().max() <= 1e-12                      # layer2 = l_end
-        mixed0 = model.gate(x, torch.zeros_like(x))
+        mixed0 = model.temporal_gate(x, torch.zeros_like(x))
         assert torch.equal(units_no_state[1][2], mixed0)
         assert torch.equal(units_no_state[2][2], model.run_layers(mixed0, model.middle[:1], 0))
     assert (units[1][2] - units_no_state[1][2]).abs().max() > 1e-3                  # the state matters
