@@ -24,8 +24,8 @@ import torch.nn.functional as F
 class InferenceCache:
     """Carried between generation's calls: `layers`, one dict per layer application (a core layer
     looped K times has K) holding the keys and values so far, "k" and "v" (B, n_kv_head, length,
-    hs), which Attention extends; `length`, the positions processed (the next token's position);
-    `R`, T²MLR's state R_{t-1} (B, 1, C)."""
+    hs), which Layer.attention extends; `length`, the positions processed (the next token's
+    position); `R`, T²MLR's state R_{t-1} (B, 1, C)."""
 
     def __init__(self, n_applications: int):
         self.layers, self.length, self.R = [{} for _ in range(n_applications)], 0, None
@@ -299,7 +299,7 @@ class GPT(nn.Module):
 
     def run_layers(self, h, layers, pos: int, caches=None):
         """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1 -> (B, T, C); caches:
-        one KV cache (a dict, see Attention) or None per layer, or None."""
+        one KV cache (a dict, see Layer.attention) or None per layer, or None."""
         cos, sin = self.rotary(h.dtype, h.device, pos, h.shape[1])
         caches = [None] * len(layers) if caches is None else caches
         for layer, cache in zip(layers, caches, strict=True):
