@@ -129,11 +129,13 @@ def report(out=OUT, figure=FIGURE):
              "step reaching n, per seed (never: the longest reached) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         d = r.get("beyond_minus_exact")
-        ci = f"{d['diff']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d and d["ci"] else "—"
+        ci = (f"{d['diff']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d["ci"] else
+              f"{d['diff']:+.3f} (one seed: no interval)") if d else "—"
+        spread = f" ± {r['beyond'][1]:.3f}" if len(r["seeds"]) > 1 else f" (seed {r['seeds'][0]})"
         reached = ", ".join(str(step) if step is not None else f"never ({r['longest'][s]})"
                             for s, step in r["steps_to_length"].items())
         lines.append(f"| {r['arm']} | {r['train_n']} | {r['D'] or '—'} | {r['b'] or '—'} | {len(r['seeds'])} | "
-                     f"{r['in_dist'][0]:.3f} | {r['beyond'][0]:.3f} ± {r['beyond'][1]:.3f} | {ci} | {reached} |")
+                     f"{r['in_dist'][0]:.3f} | {r['beyond'][0]:.3f}{spread} | {ci} | {reached} |")
     cost_path = os.path.join(out, "cost.json")
     if os.path.exists(cost_path):
         lines += ["", "| arm | T | s/step | × exact | × Jacobi D = 16 | MiB held for backward | × exact | "
