@@ -41,8 +41,10 @@ class Layer(nn.Module):
         self.head_dim, hidden = C // cfg.n_head, cfg.mlp_hidden
         self.parallel, self.swiglu = cfg.flavour == "neox", cfg.flavour == "llama"
         Norm = nn.LayerNorm if self.parallel else nn.RMSNorm          # the flavour's norm
+        # attention()'s weights (q, k, v fused; the output) and feed_forward()'s, grouped as the
+        # checkpoints name them: attn.qkv, attn.proj, mlp.up, mlp.down
         self.ln1 = Norm(C, eps=cfg.norm_eps)
-        self.attn = nn.ModuleDict({                                  # q, k, v fused; the output
+        self.attn = nn.ModuleDict({
             "qkv": nn.Linear(C, C + 2 * self.n_kv_head * self.head_dim, bias=cfg.bias),
             "proj": nn.Linear(C, C, bias=cfg.bias)})
         self.ln2 = Norm(C, eps=cfg.norm_eps)
@@ -223,9 +225,10 @@ class GPT(nn.Module):
         if cfg.t2mlr:       # below l_start, the recurrent l_start..l_end, above l_end
             start, end, C = *cfg.recurrent_layers, cfg.n_embd
             self.lower, self.middle = layers[:start], layers[start:end + 1]
-            self.upper, self.gate = layers[end + 1:], nn.Module()
-            # (T1)'s parameters, 5C² + 2C + 2: W_p; A = [A_r; A_x] (2C x 2C, its rows A_r then A_x)
-            # on g = [x; r~] with the biases [b_r; b_x]; θ_r, θ_x the global gates (0: an identity)
+            self.upper = layers[end + 1:]
+            self.gate = nn.Module()     # holds (T1)'s weights, gate.*; (T1) is GPT.temporal_gate
+            # 5C² + 2C + 2 parameters: W_p; A = [A_r; A_x] (2C x 2C, its rows A_r then A_x) on
+            # g = [x; r~] with the biases [b_r; b_x]; θ_r, θ_x the global gates (0: an identity)
             self.gate.W_p, self.gate.A = nn.Linear(C, C, bias=False), nn.Linear(2 * C, 2 * C)
             self.gate.theta_r, self.gate.theta_x = (nn.Parameter(torch.zeros(1)) for _ in range(2))
         self.ln_f = type(self.layers[0].ln1)(cfg.n_embd, eps=cfg.norm_eps)     # the layers' norm

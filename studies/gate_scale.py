@@ -33,6 +33,7 @@ import torch
 
 from configurator import load_config
 from model import GPT, GPTConfig
+from studies.probe import GateCalls
 
 CONFIGS = ["tiny_t2mlr", "s5_tiny_t2mlr", "s5_tiny_t2mlr_exact", "s5_t2mlr", "smollm2_135m_t2mlr",
            "smollm2_135m_retrofit"]
@@ -50,12 +51,7 @@ class GateInputs:
 
     def __init__(self, model: GPT, mask=None):
         self.mask, self.pos, self.sum_r, self.sum_x, self.count = mask, 0, 0.0, 0.0, 0
-        self.model, gate = model, type(model).temporal_gate
-
-        def wrapped(x, r, *args, **kwargs):
-            self.keep(x, r)
-            return gate(model, x, r, *args, **kwargs)
-        model.temporal_gate = wrapped                        # the instance's attribute shadows the method
+        self.model, self.calls = model, GateCalls(model, lambda x, r, x_mixed: self.keep(x, r))
 
     def keep(self, x, r):
         B, L, C = x.shape
@@ -78,7 +74,7 @@ class GateInputs:
         return self
 
     def __exit__(self, *exc):
-        del self.model.temporal_gate
+        self.calls.__exit__(*exc)
 
 
 @torch.no_grad()

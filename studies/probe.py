@@ -113,6 +113,30 @@ def effective_rank(sigma):
 # What is probed: units (name, input, output) and states, for one batch of sequences, read from outside the
 # model by forward hooks (model.py knows nothing of probes)
 
+class GateCalls:
+    """Calls keep(x, r, x') on every call of the gate (T1), GPT.temporal_gate: a method, not a module, so it
+    is wrapped on the instance, over any wrapper already there, which exit puts back. Use as a context
+    manager."""
+
+    def __init__(self, model, keep):
+        self.model, self.saved, inner = model, model.__dict__.get("temporal_gate"), model.temporal_gate
+
+        def wrapped(x, r, *args, **kwargs):
+            x_mixed = inner(x, r, *args, **kwargs)
+            keep(x, r, x_mixed)
+            return x_mixed
+        model.temporal_gate = wrapped                 # the instance's attribute shadows the method
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            self.model.__dict__.pop("temporal_gate", None)
+        else:
+            self.model.temporal_gate = self.saved
+
+
 class Taps:
     """Forward hooks on `modules` that keep the (input, output) of every call, in order: `calls[module]`.
     The first positional argument is the input (a Layer's h, ln_f's h_out, wte's idx). gate_of: a T²MLR
@@ -122,14 +146,10 @@ class Taps:
     def __init__(self, modules, gate_of=None):
         self.calls = {m: [] for m in modules}
         self.handles = [m.register_forward_hook(self.keep) for m in self.calls]
-        self.model = gate_of
-        if gate_of is not None:                # the gate is a method: wrapped on the instance
-            self.calls["gate"], gate = [], type(gate_of).temporal_gate
-
-            def tapped(x, *args, **kwargs):
-                self.calls["gate"].append((x, gate(gate_of, x, *args, **kwargs)))
-                return self.calls["gate"][-1][1]
-            gate_of.temporal_gate = tapped
+        self.gate = None
+        if gate_of is not None:
+            self.calls["gate"] = []
+            self.gate = GateCalls(gate_of, lambda x, r, x_mixed: self.calls["gate"].append((x, x_mixed)))
 
     def keep(self, module, args, output):
         self.calls[module].append((args[0], output))
@@ -146,8 +166,8 @@ class Taps:
     def __exit__(self, *exc):
         for handle in self.handles:
             handle.remove()
-        if self.model is not None:
-            del self.model.temporal_gate
+        if self.gate is not None:
+            self.gate.__exit__(*exc)
 
 
 def embedding(model, taps):

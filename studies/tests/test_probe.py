@@ -226,3 +226,24 @@ def test_probe_sequence_lengths_at_the_edges(tmp_path):
                           (["--num_seqs", "0"], r"--num_seqs 0 and --batch_size 8 must be >= 1")):
         with pytest.raises(probe.RunError, match=message):
             probe.main([str(path), *args, "--out", str(tmp_path / "bad")])
+
+
+def test_gate_calls_nest_and_put_the_method_back():
+    """GateCalls wraps the gate (a method, not a module): nested, both see every call, with the gate's true
+    output; each exit restores what was there, the last one the plain method, even after an exception."""
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=3, n_head=2, n_embd=8, flavour="llama",
+                          mlp_hidden=16, t2mlr=True, l_start=1, l_end=1)).eval()
+    model.gate.theta_r.data.fill_(0.5)
+    idx, outer, inner = torch.randint(0, 16, (1, 6)), [], []
+    with torch.no_grad(), probe.GateCalls(model, lambda x, r, y: outer.append(y)):
+        with probe.GateCalls(model, lambda x, r, y: inner.append(y)):
+            model(idx, mode="exact")
+        assert "temporal_gate" in model.__dict__
+        model(idx, mode="exact")
+    assert len(inner) == 6 and len(outer) == 12 and all(torch.equal(a, b) for a, b in zip(inner, outer))
+    x = torch.randn(1, 2, 8)
+    assert torch.equal(outer[0], outer[6]) and not torch.equal(model.temporal_gate(x, x), x)
+    assert "temporal_gate" not in model.__dict__
+    with pytest.raises(RuntimeError), probe.GateCalls(model, lambda x, r, y: None):
+        raise RuntimeError("inside")
+    assert "temporal_gate" not in model.__dict__
