@@ -58,8 +58,7 @@ class TrainConfig:
     # evaluation and logging
     eval_interval: int = 250              # evaluate and checkpoint every this many steps, and at the end
     eval_iters: int = 20                  # val batches: eval_iters * batch_size fixed windows over all ranks
-    # val_mode, T²MLR only: 'exact' (token by token: the true loss), 'jacobi' (D sweeps), or 'converged'
-    # (parallel Jacobi sweeps until the state moves less than val_tol)
+    # val_mode, T²MLR only: 'exact' (token by token: the true loss), 'jacobi' (D sweeps), 'converged' (see val_tol)
     val_mode: str = "exact"               # T²MLR only: 'exact', 'jacobi' or 'converged'
     val_tol: float = 0.0                  # val_mode 'converged': the change that stops the sweeps; 0 = exact
     log_interval: int = 10                # print and log the train loss every this many steps
@@ -78,9 +77,8 @@ class TrainConfig:
     beta2: float = 0.95                   # AdamW β2
     grad_clip: float = 1.0                # clip the global grad norm to this; 0 = off (the norm is logged)
     gate_lr_multiplier: float = 1.0       # T²MLR: the gate's parameters (W_p, A, b, θ) at this times the LR
-    # train_mode, T²MLR only (the other models ignore it, as val_mode): 'jacobi' (D parallel sweeps; exact at
-    # positions < D) or 'exact' (the recurrence token by token with autograd: every position's state exact,
-    # the middle layers once per token)
+    # train_mode, T²MLR only: 'jacobi' (D parallel sweeps; exact at positions < D) or 'exact' (the recurrence
+    # token by token with autograd: every position's state exact, the middle layers once per token)
     train_mode: str = "jacobi"            # T²MLR only: 'jacobi' or 'exact'
     # system
     device: str = "auto"                  # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
@@ -93,17 +91,13 @@ class TrainConfig:
     def __post_init__(self):
         if not (self.init_from in ("scratch", "resume") or self.init_from.endswith(".pt")
                 or (self.init_from.startswith("hf:") and len(self.init_from) > 3)):
-            raise ValueError(
-                f"init_from {self.init_from!r} is not 'scratch', 'resume', a checkpoint path ending in .pt "
-                f"or 'hf:<hub id or folder>'"
-            )
+            raise ValueError(f"init_from {self.init_from!r} is not 'scratch', 'resume', a checkpoint path ending "
+                             f"in .pt or 'hf:<hub id or folder>'")
         choices = {"val_mode": ("exact", "jacobi", "converged"), "train_mode": ("jacobi", "exact"),
                    "dtype": ("auto", "float32", "bfloat16", "float16")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"{name} {getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}"
-                )
+                raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
         check_ranges(self, TRAIN_RANGES)
         if self.min_lr > self.learning_rate:
             raise ValueError(f"min_lr = {self.min_lr} must be <= learning_rate = {self.learning_rate}")
@@ -207,29 +201,19 @@ def model_config_from_checkpoint(ckpt, model_cfg, given):
     the first differing tensor shapes. model_cfg: this launch's GPTConfig."""
     if "model_config" not in ckpt:
         raise RunError("the checkpoint has no model_config: only a checkpoint of train.py can be resumed")
-    stored = ckpt["model_config"]
-    diff = [
-        f"{k} (given {v!r}, checkpoint {stored.get(k)!r})"
-        for k, v in given_values(given, model_cfg).items()
-        if stored.get(k) != v
-    ]
+    stored, given_model = ckpt["model_config"], given_values(given, model_cfg)
+    diff = [f"{k} (given {v!r}, checkpoint {stored.get(k)!r})" for k, v in given_model.items() if stored.get(k) != v]
     if diff:
         try:                                        # the checkpoint's config with the given keys applied...
-            asked = GPTConfig(**{**stored, **given_values(given, model_cfg)})
+            asked = GPTConfig(**{**stored, **given_model})
         except (TypeError, ValueError):             # ...or, where they do not combine, this launch's own
             asked = model_cfg
         with torch.device("meta"):                  # its shapes, without allocating
             shapes = state_differences(ckpt["model"], GPT(asked).state_dict(), optional=lambda k: True)
         more = f" and {len(shapes) - 4} more" if len(shapes) > 4 else ""
-        raise RunError(
-            "the model config differs from the checkpoint's in "
-            + ", ".join(diff)
-            + (
-                f"; tensor shapes (checkpoint vs given): {', '.join(shapes[:4])}{more}"
-                if shapes
-                else "; the tensor shapes agree"
-            )
-        )
+        shapes_text = (f"tensor shapes (checkpoint vs given): {', '.join(shapes[:4])}{more}" if shapes
+                       else "the tensor shapes agree")
+        raise RunError(f"the model config differs from the checkpoint's in {', '.join(diff)}; {shapes_text}")
     try:
         return GPTConfig(**stored)
     except (TypeError, ValueError) as e:
@@ -327,7 +311,6 @@ def finish(ddp, lock, exit_code=0):
         os._exit(exit_code)
     if exit_code:
         sys.exit(exit_code)
-
 
 
 def setup_device(cfg, ddp, local_rank):

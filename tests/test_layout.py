@@ -74,25 +74,8 @@ def test_no_model_py_line_is_over_100_characters():
     assert model_numbers()["long_lines"] == [], "model.py lines (numbers) over 100 characters"
 
 
-def model_py_nesting(run) -> int:
-    """The deepest chain of model.py functions that `run` calls below the first one it enters (GPT.forward
-    or GPT.generate): each nn.Module call counts once, torch's own frames and comprehensions not at all."""
-    path, depth, deepest = str(ROOT / "model.py"), [0], [0]
-
-    def profile(frame, event, arg):
-        if frame.f_code.co_filename == path and not frame.f_code.co_name.startswith("<"):
-            depth[0] += {"call": 1, "return": -1}.get(event, 0)
-            deepest[0] = max(deepest[0], depth[0])
-    sys.setprofile(profile)
-    try:
-        run()
-    finally:
-        sys.setprofile(None)
-    return deepest[0] - 1
-
-
 T2MLR = {"t2mlr": True, "l_start": 1, "l_end": 2}
-NESTING_PATHS = {            # a path -> (its config's fields, how it runs): the README's reading map
+PATHS = {            # a path -> (its config's fields, how it runs): the README's reading map
     "vanilla": ({}, lambda m, idx, cache: m(idx)),
     "base": ({"layout": "1+2R2+1"}, lambda m, idx, cache: m(idx)),
     "mesh": ({"layout": "1+2R2+1", "state_passing": "mesh"}, lambda m, idx, cache: m(idx)),
@@ -103,47 +86,46 @@ NESTING_PATHS = {            # a path -> (its config's fields, how it runs): the
 }
 
 
-@pytest.mark.parametrize("path", list(NESTING_PATHS))
-def test_every_path_nests_at_most_four_calls(path):
-    """Calls below the first model.py function entered, down to attention: GPT.forward -> jacobi_forward
-    -> run_layers -> Layer -> attention is 4, vanilla's forward 3, vanilla's generate -> forward -> .. 4."""
+def follow(path):
+    """Run `path` on a tiny model, profiling model.py's frames -> (nesting: the deepest chain of model.py calls
+    below the first one entered (GPT.forward or GPT.generate), each nn.Module call once, torch's own frames,
+    lambdas and comprehensions not at all; entered: the qualified names of the model.py functions entered,
+    the first left out, functions nested inside one part of it)."""
     from model import GPT, GPTConfig, InferenceCache
-    fields, run = NESTING_PATHS[path]
+    fields, run = PATHS[path]
     model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=2, n_embd=16, **fields)).eval()
     idx, cache = torch.randint(0, 64, (1, 6)), InferenceCache(model.cfg.n_unrolled)
-    with torch.no_grad() if path != "jacobi" else torch.enable_grad():
-        nesting = model_py_nesting(lambda: run(model, idx, cache))
-    assert nesting == (3 if path == "vanilla" else 4), nesting
-
-
-def model_py_definitions(run) -> set:
-    """The model.py functions that `run` enters, by qualified name, the entered-first one left out; functions
-    nested inside one (and lambdas, comprehensions) are part of it."""
-    path, entered = str(ROOT / "model.py"), []
+    source, depth, deepest, entered = str(ROOT / "model.py"), [0], [0], []
 
     def profile(frame, event, arg):
         code = frame.f_code
-        if event == "call" and code.co_filename == path and "<" not in code.co_qualname:
-            entered.append(code.co_qualname)
+        if code.co_filename == source and "<" not in code.co_qualname:
+            depth[0] += {"call": 1, "return": -1}.get(event, 0)
+            deepest[0] = max(deepest[0], depth[0])
+            if event == "call":
+                entered.append(code.co_qualname)
     sys.setprofile(profile)
     try:
-        run()
+        with torch.no_grad() if path != "jacobi" else torch.enable_grad():
+            run(model, idx, cache)
     finally:
         sys.setprofile(None)
-    return set(entered) - {entered[0]}
+    return deepest[0] - 1, set(entered) - {entered[0]}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_every_path_nests_at_most_four_calls(path):
+    """Calls below the first model.py function entered, down to attention: GPT.forward -> jacobi_forward
+    -> run_layers -> Layer -> attention is 4, vanilla's forward 3, vanilla's generate -> forward -> .. 4."""
+    nesting = follow(path)[0]
+    assert nesting == (3 if path == "vanilla" else 4), nesting
 
 
 def jumps(path) -> list:
     """The definitions a reader opens following `path` from its first function to the logits, by the rule
     nanoGPT takes 10 and 11 under: every definition outside the function being read, GPTConfig (its fields
     and methods) and each class's __init__ included, each once a path."""
-    from model import GPT, GPTConfig, InferenceCache
-    fields, run = NESTING_PATHS[path]
-    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=2, n_embd=16, **fields)).eval()
-    idx, cache = torch.randint(0, 64, (1, 6)), InferenceCache(model.cfg.n_unrolled)
-    with torch.no_grad() if path != "jacobi" else torch.enable_grad():
-        entered = model_py_definitions(lambda: run(model, idx, cache))
-    opened = {"GPTConfig" if name.startswith("GPTConfig.") else name for name in entered}
+    opened = {"GPTConfig" if name.startswith("GPTConfig.") else name for name in follow(path)[1]}
     classes = {name.split(".")[0] for name in opened if "." in name} - {"GPT"}
     return sorted(opened | {"GPTConfig", "GPT.__init__"} | {f"{c}.__init__" for c in classes})
 
@@ -241,5 +223,6 @@ if __name__ == "__main__":
           f"= {100 * numbers['ideas_share']:.1f}%, {len(numbers['long_lines'])} lines over 100 characters")
     print(f"README.md: {len((ROOT / 'README.md').read_text().splitlines())} lines")
     for path in JUMP_TARGETS:
-        print(f"{path}: {len(jumps(path))} jumps: {', '.join(jumps(path))}")
+        opened = jumps(path)
+        print(f"{path}: {len(opened)} jumps: {', '.join(opened)}")
     print(f"top-level .py: {', '.join(top_level_py())}")
