@@ -56,6 +56,7 @@ from tqdm import tqdm
 from model import GPT, GPTConfig, InferenceCache
 from support.accounting import count_middle_passes, train_flops_per_token
 from support.loop import configure_optimizers
+from support.process import keeps_process_state
 
 # Model shapes per size. "neox" holds the MeSH family's shared fields, "llama" the T²MLR family's.
 SIZES = {
@@ -569,6 +570,7 @@ def markdown(r):
     return "\n".join(lines)
 
 
+@keeps_process_state
 def main(argv=None):
     """Run the command line; returns the bench.json dict."""
     p = argparse.ArgumentParser(description="Speed and memory of every variant, interleaved in one process.")

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from support.process import keeps_process_state
 from support.tokenizers import DataError, get_tokenizer
 
 try:  # optional: the Hugging Face client (resumable downloads, HF cache); plain urllib otherwise
@@ -259,7 +260,10 @@ def prepare(sources, tokenizer, out_dir, val_fraction=0.005, max_tokens=None, nu
     writer, pool = SplitWriter(out_dir, tokenizer.vocab_size, val_fraction), None
     try:
         _worker.update(tokenizer=tokenizer, num_threads=8)  # num_proc 1: here, on 8 threads
-        pool = mp.Pool(num_proc, _init_worker, (tokenizer.name, 1)) if num_proc > 1 else None
+        # workers start from a fresh server process, never forked from this one: a fork copies the locks
+        # that this process's threads (torch's, the tokenizer's, a notebook's) may hold, forever taken
+        context = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+        pool = context.Pool(num_proc, _init_worker, (tokenizer.name, 1)) if num_proc > 1 else None
         results = (pool.imap if pool else map)(_tokenize_chunk, iter_chunks(sources))  # in order
         docs, n_read = write_chunks(results, writer, len(sources), max_tokens)
         names = [name for name, _ in sources]
@@ -327,6 +331,7 @@ def choose_sources(args):
     return args.name or "fineweb_edu", shards
 
 
+@keeps_process_state
 def main(argv=None):
     """Run the command line (argv as for parse_args) and return the meta dict. Raises DataError."""
     args = parse_args(argv)

@@ -17,6 +17,7 @@ import torch
 from configurator import ConfigError, check_ranges, load_config
 from support.accounting import count_middle_passes
 from support.checkpoints import load_model, recorded_tokenizer
+from support.process import keeps_process_state
 from support.runtime import RunError, autocast_context, check_device, resolve_device, resolve_dtype
 from support.tokenizers import DataError, get_tokenizer
 
@@ -48,6 +49,7 @@ SAMPLE_RANGES = {"num_samples": ">= 1", "max_new_tokens": ">= 0", "temperature":
                  "seed": "[0, 18446744073709551615]", "prefill_tol": "[0, 1)"}
 
 
+@keeps_process_state
 def main(argv):
     """Print num_samples continuations of the prompt. Raises ConfigError, RunError (bad checkpoint or prompt
     file) or DataError (the tokenizer cannot load)."""

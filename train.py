@@ -40,6 +40,7 @@ from support.checkpoints import (RESUME_KEYS, init_weights_from, load_checkpoint
 from support.data import check_token_ids, get_batch, load_meta, step_starts, val_starts
 from support.loop import evaluate, get_lr, make_trainer, resume, save_state
 from support.pretrained import config_from_hf, hf_checkpoint, load_hf_weights
+from support.process import keeps_process_state
 from support.runlog import RunLog
 from support.runtime import RunError, StopRequest, resolve_device, resolve_dtype, resume_command
 
@@ -223,6 +224,7 @@ def model_config_from_checkpoint(ckpt, model_cfg, given):
 # -----------------------------------------------------------------------------
 # The run, top to bottom: main settles the config, sets up, resumes, and runs the loop on the page
 
+@keeps_process_state
 def main(argv):
     """Train as configured by argv (config files and --key=value). Raises ConfigError or RunError."""
     # ---- the config, settled in one pass; the device and DDP ----------------------------------------------

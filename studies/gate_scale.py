@@ -34,6 +34,7 @@ import torch
 from configurator import load_config
 from model import GPT, GPTConfig
 from studies.probe import GateCalls
+from support.process import keeps_process_state
 
 CONFIGS = ["tiny_t2mlr", "s5_tiny_t2mlr", "s5_tiny_t2mlr_exact", "s5_t2mlr", "smollm2_135m_t2mlr",
            "smollm2_135m_retrofit"]
@@ -130,6 +131,7 @@ def measure(data_dir="data/pydoc", names=CONFIGS, seed=0, B=4, T=256, log=print)
     return results
 
 
+@keeps_process_state
 def main(argv):
     data_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("--data_dir=")), "data/pydoc")
     out = next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), "studies/results/gate_scale.json")

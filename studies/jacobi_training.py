@@ -33,6 +33,7 @@ from studies import word_problem as wp
 from studies.common import git_commit, read_json, write_json
 from studies.reproduce.stats import mean_std, paired_stats
 from support.accounting import count_middle_passes
+from support.process import keeps_process_state
 from support.runtime import RunError
 
 # arm -> (training mode, D = jacobi_sweeps, b = jacobi_grad_sweeps, jacobi_lag); exact training uses
@@ -271,6 +272,7 @@ def converged_sweeps(arm="exact", n=32, seeds=SEEDS, tols=(0.5, 0.3, 0.1, 1e-2, 
     return rows
 
 
+@keeps_process_state
 def main(argv):
     p = argparse.ArgumentParser(prog="python -m studies.jacobi_training", description=__doc__.split("\n")[1])
     p.add_argument("--worker", action="store_true", help="train every run of the plan not yet finished")

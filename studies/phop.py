@@ -41,6 +41,7 @@ from studies.common import git_commit
 from studies.reproduce.stats import paired_stats
 from support.checkpoints import load_checkpoint, save_checkpoint
 from support.loop import configure_optimizers
+from support.process import keeps_process_state
 
 ARMS = ("base", "anchor", "mesh", "vanilla")     # the state passings compared, and flat stacks
 ALPHABET = 4                                      # letters of X (the vocabulary)
@@ -466,6 +467,7 @@ def report(out, p=P):
     print(text)
 
 
+@keeps_process_state
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -34,6 +34,7 @@ import torch
 from model import GPTConfig
 from support.checkpoints import load_model
 from support.data import get_batch, load_meta, val_starts
+from support.process import keeps_process_state
 from support.runtime import RunError
 
 
@@ -404,6 +405,7 @@ def validation_sequences(ckpt, num_seqs, seq_len, data_dir=None):
 
 
 @torch.no_grad()
+@keeps_process_state
 def main(argv=None):
     """Run the command line; returns the probe.json dict. Raises RunError for a bad checkpoint or data."""
     p = argparse.ArgumentParser(

@@ -44,6 +44,7 @@ from studies.common import lstm_hidden_for  # noqa: F401  (the S5 configs' LSTM 
 from support.checkpoints import load_checkpoint, rng_states
 from support.compat import upgrade_config
 from support.loop import evaluation_due, make_trainer, optimizer_step, resume, save_state, saved_step
+from support.process import keeps_process_state
 from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
 from train import TrainConfig
 
@@ -650,6 +651,7 @@ QUICK = [
 ]
 
 
+@keeps_process_state
 def main(argv):
     """Raises ConfigError or RunError."""
     files = [a for a in argv if not a.startswith("--")]

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from model import InferenceCache
 from studies.probe import validation_sequences
 from support.checkpoints import load_model, require_keys
+from support.process import keeps_process_state
 from support.runtime import RunError
 
 RESET_EVERY = (1, 8, 32, 128)
@@ -123,6 +124,7 @@ def word_problem_probe(groups=("Z2", "S3"), seeds=(0, 1, 2), root="out/word_prob
     return out
 
 
+@keeps_process_state
 def main(argv=None):
     if argv is None:
         argv = sys.argv[1:]

@@ -23,6 +23,8 @@ import os
 import sys
 import time
 
+from support.process import keeps_process_state
+
 # lm-eval task: (Table 1's column, the paper's metric), in the paper's order
 TASKS = {
     "lambada_openai": ("LD-O", "acc"),
@@ -222,6 +224,7 @@ def markdown(stored) -> str:
     return "\n".join(lines)
 
 
+@keeps_process_state
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("models", nargs="+", help="train.py checkpoints (ckpt.pt or its out_dir) or hf:<hub id or folder>")

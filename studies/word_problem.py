@@ -52,6 +52,7 @@ from studies.common import (LSTMLM, advance_curriculum, curriculum_length, gate_
 from studies.reproduce.stats import mean_std, paired_stats, t_quantile
 from support.checkpoints import rng_states
 from support.loop import evaluation_due, get_lr, make_trainer, optimizer_step, save_state
+from support.process import keeps_process_state
 from support.runtime import RunError
 from train import TrainConfig
 
@@ -1089,6 +1090,7 @@ def parse_args(argv):
     return args
 
 
+@keeps_process_state
 def main(argv):
     args = parse_args(argv)
     size = QUICK if args.quick else GPU if args.gpu else FULL

@@ -17,6 +17,7 @@ import torch
 from configurator import ConfigError
 from studies.common import git_commit
 from support.data import load_meta
+from support.process import keeps_process_state
 from support.runtime import RunError
 
 from .figures import figures, plot_main
@@ -207,6 +208,7 @@ def write_report(pr, runs, summaries, meta, data_dir, results, assets, prefix, s
     return report
 
 
+@keeps_process_state
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["plot"]:

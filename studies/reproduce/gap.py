@@ -11,6 +11,8 @@ import glob
 import json
 import os
 
+from support.process import keeps_process_state
+
 from .protocol import LN2
 from .runs import write_json
 from .stats import paired_stats
@@ -67,6 +69,7 @@ def plot(grids, path):
     fig.savefig(path, dpi=120)
 
 
+@keeps_process_state
 def main(argv):
     p = argparse.ArgumentParser(prog="python -m studies.reproduce gap", description=__doc__)
     p.add_argument("dirs", nargs="+", help="result folders of MeSH grids (each with reproduce/<run>.json)")

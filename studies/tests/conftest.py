@@ -1,6 +1,8 @@
-"""The studies' tests are the second tier: `python -m pytest -q -m slow` runs them (pytest.ini)."""
+"""The studies' tests are the second tier: `python -m pytest -q -m slow` runs them (pytest.ini). A child
+process a test starts dies with it (tests/processes.py)."""
 
 import pytest
+from processes import processes_die_with_their_test, tracked_subprocesses  # noqa: F401 (autouse fixtures)
 
 
 def pytest_collection_modifyitems(config, items):
