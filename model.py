@@ -23,9 +23,8 @@ import torch.nn.functional as F
 
 class InferenceCache:
     """Carried between generation's calls: `layers`, one dict per layer application (a core layer
-    looped K times has K) holding the keys and values so far, "k" and "v" (B, n_kv_head, length,
-    hs), which Layer.attention extends; `length`, the positions processed (the next token's
-    position); `R`, T²MLR's state R_{t-1} (B, 1, C)."""
+    looped K times has K), "k" and "v" (B, n_kv_head, length, hs) so far, which Layer.attention
+    extends; `length`, the positions processed (the next one's); `R`, T²MLR's R_{t-1} (B, 1, C)."""
 
     def __init__(self, n_applications: int):
         self.layers, self.length, self.R = [{} for _ in range(n_applications)], 0, None
@@ -52,16 +51,19 @@ class Layer(nn.Module):
             "up": nn.Linear(C, (2 if self.swiglu else 1) * hidden, bias=cfg.bias),
             "down": nn.Linear(hidden, C, bias=cfg.bias)})
 
-    def forward(self, x, cos, sin, cache=None):
+    def forward(self, x, cos, sin, cache=None, held=None):
         if self.parallel:
-            return x + self.attention(self.ln1(x), cos, sin, cache) + self.feed_forward(self.ln2(x))
-        x = x + self.attention(self.ln1(x), cos, sin, cache)
+            return x + self.attention(self.ln1(x), cos, sin, cache, held) + \
+                self.feed_forward(self.ln2(x))
+        x = x + self.attention(self.ln1(x), cos, sin, cache, held)
         return x + self.feed_forward(self.ln2(x))
 
-    def attention(self, x, cos, sin, cache: Optional[dict] = None):
+    def attention(self, x, cos, sin, cache: Optional[dict] = None, held=None):
         """Causal self-attention, grouped-query heads (n_kv_head <= n_head), rotary, SDPA: x (B, T,
         C) at positions pos..pos+T-1, cos/sin (T, 1, rot_dim) for them -> (B, T, C); cache: this
-        layer application's "k", "v" of positions 0..pos-1 ({} if none), extended."""
+        layer application's "k", "v" of positions 0..pos-1 ({} if none), extended. held: (done
+        (B, 1, T, 1), the previous loop's cache of this layer): a position done looping serves
+        the keys and values of its last loop (an exit at test time, GPT.recursive_forward)."""
         B, T, C = x.shape
         nh, nkv = self.n_head, self.n_kv_head
         qkv = self.attn.qkv(x).view(B, T, nh + 2 * nkv, self.head_dim)
@@ -73,6 +75,9 @@ class Layer(nn.Module):
             r = (qk[..., :rot] * cos + torch.cat([-x2, x1], dim=-1) * sin).to(qk.dtype)
             qk = r if rot == self.head_dim else torch.cat([r, qk[..., rot:]], dim=-1)   # NeoX: 25%
         q, k = qk.transpose(1, 2).split([nh, nkv], dim=1)                   # (B, nh | nkv, T, hs)
+        if held is not None:          # exited positions: their last loop's keys and values
+            done, last = held
+            k, v = (torch.where(done, last[n][:, :, -T:], new) for n, new in (("k", k), ("v", v)))
         if cache is not None:         # the KV cache: the earlier positions' keys and values first
             if cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
@@ -122,6 +127,10 @@ CHECKS = {name: rule for names, rule in {
     "layout": (lambda v, c: v == "" or c.depth is not None and min(c.depth[1:3]) >= 1,
                "'' (flat) or 'P+CRK+Q': C >= 1 core layers looped K >= 1 times, e.g. '2+4R2+2'"),
     "t2mlr": (lambda v, c: not (v and c.layout), "False with a layout: T²MLR needs a flat stack"),
+    "max_loops": (lambda v, c: v is None or bool(c.layout) and v >= c.depth[2],  # after layout
+                  lambda c: f">= the layout's K = {c.depth[2]}" if c.layout else "None: no loops"),
+    "n_loops loops_backprop": ((lambda v, c: v is None or v >= 1), ">= 1 or None"),
+    "exit_threshold": ((lambda v, c: v is None or v >= 0), ">= 0 (0: never exit) or None"),
     "l_start": (lambda v, c: not c.t2mlr or 0 <= min(c.recurrent_layers)
                 and c.recurrent_layers[0] <= c.recurrent_layers[1] < c.n_layer,
                 lambda c: f"<= l_end = {c.l_end}, both in -{c.n_layer} .. {c.n_layer - 1}"),
@@ -162,6 +171,7 @@ class GPTConfig:
     state_passing: str = "base"      # h_sup of (M1): base, residual, anchor, anchor_star; mesh (M2)
     mesh_slots: Optional[int] = None  # n_slots (the paper's B); None = K + 3 (MeSH §4.4, Table 3)
     mesh_trans_router_in: str = "pre"  # transitional routers read h_pre (our reading) or "emb"
+    max_loops: Optional[int] = None  # MeSH routers of steps 0..max_loops (None: K); more reuse it
     t2mlr: bool = False              # temporal middle-layer recurrence on layers l_start..l_end
     l_start: int = 0                 # first recurrent layer (the gate at its input); < 0: from end
     l_end: int = -1                  # last recurrent layer (the state from its output); inclusive
@@ -195,6 +205,7 @@ class GPTConfig:
         P, n_core, K, Q = self.depth
         # K loops; the distinct (parameter) layers; the layer applications per token (compute depth)
         self.n_loops, self.n_unique, self.n_unrolled = K, P + n_core + Q, P + n_core * K + Q
+        self.max_loops = K if self.layout and self.max_loops is None else self.max_loops
         self.n_slots = self.mesh_slots or K + 3               # MeSH's buffer (MeSH §4.4, Table 3)
 
     def sweeps(self, T: int) -> int:
@@ -220,7 +231,8 @@ class GPT(nn.Module):
             self.prelude, self.core, self.coda = layers[:P], layers[P:P+n_core], layers[P+n_core:]
             if cfg.state_passing == "mesh":   # (M2): a write and a read router per step k = 0..K
                 def routers():                # Linear(C -> n_slots) each
-                    return nn.ModuleList(nn.Linear(cfg.n_embd, cfg.n_slots) for _ in range(K + 1))
+                    return nn.ModuleList(nn.Linear(cfg.n_embd, cfg.n_slots)
+                                         for _ in range(cfg.max_loops + 1))
                 self.mesh = nn.ModuleDict({"write_routers": routers(), "read_routers": routers()})
         if cfg.t2mlr:       # below l_start, the recurrent l_start..l_end, above l_end
             start, end, C = *cfg.recurrent_layers, cfg.n_embd
@@ -258,13 +270,18 @@ class GPT(nn.Module):
 
     # ---- forward: idx -> logits, one branch per variant ------------------------------------------
 
-    def forward(self, idx, targets=None, mode=None, cache=None, control=None, tol: float = 0.0):
+    def forward(self, idx, targets=None, mode=None, cache=None, control=None, tol: float = 0.0,
+                n_loops=None, loops_backprop=None, exit_threshold=None, exits=None, stats=None):
         """idx (B, T) token ids; targets (B, T), -1 ignored -> (logits (B, T, V), loss or None);
         cache: an InferenceCache that idx continues, updated in place. T²MLR only: mode "jacobi" (D
         sweeps: training), "exact" (token by token) or "converged" (sweeps until the state moves
         less than tol: a prefill), None = "jacobi" in train() without a cache, else "exact";
-        control (B, T): the reference's c_t, 0 pad, 1 non-recurrent, >= 2 recurrent (None: all)."""
+        control (B, T): the reference's c_t, 0 pad, 1 non-recurrent, >= 2 recurrent (None: all).
+        Recursive only, depth at test time and in training: see recursive_forward."""
         cfg, pos = self.cfg, cache.length if cache is not None else 0      # position of idx[:, 0]
+        depth = dict(n_loops=n_loops, loops_backprop=loops_backprop, exit_threshold=exit_threshold)
+        if {*depth.values(), exits} != {None} and (check(cfg, **depth) or not cfg.layout):
+            raise ValueError("n_loops, loops_backprop, exit_threshold, exits: no loops to set")
         if pos + idx.shape[1] > cfg.block_size:
             raise ValueError(f"{pos + idx.shape[1]} tokens exceeds block_size = {cfg.block_size}")
         if control is not None and control.shape != idx.shape:
@@ -275,7 +292,7 @@ class GPT(nn.Module):
             h = (self.exact_forward(h, control, cache) if mode == "exact"      # token by token
                  else self.jacobi_forward(h, control, mode, tol, cache))      # parallel sweeps
         elif cfg.layout:                                            # recursive: looped depth (MeSH)
-            h = self.recursive_forward(h, pos, cache)
+            h = self.recursive_forward(h, pos, cache, exits=exits, stats=stats, **depth)
         else:                                                         # vanilla: every layer once
             h = self.run_layers(h, self.layers, pos, cache.layers if cache is not None else None)
         if cache is not None:
@@ -300,37 +317,72 @@ class GPT(nn.Module):
             self.rotary_cache[key] = (angles.cos().to(device), angles.sin().to(device))
         return tuple(table[pos:pos + T] for table in self.rotary_cache[key])
 
-    def run_layers(self, h, layers, pos: int, caches=None):
+    def run_layers(self, h, layers, pos: int, caches=None, held=None):
         """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1 -> (B, T, C); caches:
-        one KV cache (a dict, see Layer.attention) or None per layer, or None."""
+        one KV cache (a dict, see Layer.attention) or None per layer, or None; held: (done, the
+        previous loop's caches), positions that serve their last loop's keys (Layer.attention)."""
         cos, sin = self.rotary(h.dtype, h.device, pos, h.shape[1])
         caches = [None] * len(layers) if caches is None else caches
-        for layer, cache in zip(layers, caches, strict=True):
-            h = layer(h, cos, sin, cache)
+        done, last = held or (None, caches)
+        for layer, cache, previous in zip(layers, caches, last, strict=True):
+            h = layer(h, cos, sin, cache, None if done is None else (done, previous))
         return h
 
     # ---- depth: recursive transformers (MeSH paper §3; README (M1), (M2)) ------------------------
 
-    def recursive_forward(self, h_emb, pos: int, cache=None):
+    def recursive_forward(self, h_emb, pos: int, cache=None, n_loops=None, loops_backprop=None,
+                          exit_threshold=None, exits=None, stats=None):
         """h_emb (B, T, C) -> the coda's output (B, T, C): the prelude, the core K times with the
-        state passing `state_passing` between loops (§3.1) or MeSH's buffer (§3.2), the coda."""
-        cfg = self.cfg
-        P, n_core, K, _ = cfg.depth                            # layers per group, loops of the core
-        caches = cache.layers if cache is not None else [None] * cfg.n_unrolled   # per application
-        h = self.run_layers(h_emb, self.prelude, pos, caches[:P])                  # h_pre
-        if cfg.state_passing == "mesh":    # (M2) start: h_emb in slot 0 of n_slots, zeros elsewhere
+        state passing `state_passing` between loops (§3.1) or MeSH's buffer (§3.2), the coda.
+        Depth at test time: n_loops K' instead of K; exit_threshold τ: a position stops looping
+        once its state moves by less than τ, or after the loops `exits` (B, T) gives; stats gets
+        "loops" (B, T). loops_backprop k: only the last k loops carry gradient (training)."""
+        cfg, mesh = self.cfg, self.cfg.state_passing == "mesh"
+        P, n_core, _, Q = cfg.depth                            # layers per group
+        K, T = n_loops or cfg.n_loops, h_emb.shape[1]          # loops of the core
+        caches = cache.layers if cache is not None else [None] * (P + n_core * K + Q)
+        if len(caches) != P + n_core * K + Q:
+            raise ValueError(f"a cache of {len(caches)} layer applications for {K} loops")
+        h, buffer = self.run_layers(h_emb, self.prelude, pos, caches[:P]), None    # h_pre
+        if mesh:                           # (M2) start: h_emb in slot 0 of n_slots, zeros elsewhere
             buffer = torch.cat([h_emb[None], h_emb.new_zeros(cfg.n_slots - 1, *h_emb.shape)])
             u = h if cfg.mesh_trans_router_in == "pre" else h_emb     # the transitional step:
             buffer, h = self.mesh_write_read(0, buffer, u=u, y=h)     # write y_0 = h_pre, read h(0)
-        h0 = h
+        h0, buffer0, grad = h, buffer, torch.is_grad_enabled()
+        # exits at test time: position (b, i) runs loops[b, i] loops, K' unless it exits
+        exiting = exit_threshold is not None or exits is not None
+        loops = exits if exits is not None else torch.full((h.shape[0], T), K, device=h.device)
+        caches = [{} for _ in caches] if exiting and cache is None else caches   # keys per loop
+        cut = K - min(loops_backprop or K, K)   # truncation: loops before `cut` have no gradient
         for t in range(K):                # K loops of the same weights, each with its own KV caches
             loop_caches = caches[P + t * n_core:P + (t + 1) * n_core]
-            y = self.run_layers(h, self.core, pos, loop_caches)             # y = f_core(h(t))
-            if cfg.state_passing == "mesh":    # write y_{t+1} = y, read h(t+1), routed by u = h(t)
-                buffer, h = self.mesh_write_read(t + 1, buffer, u=h, y=y)
-            else:                              # (M1): h(t+1) = f_core(h(t)) + h_sup(t)
-                h_sup = {"base": 0, "residual": h, "anchor": h0, "anchor_star": h_emb}
-                h = y + h_sup[cfg.state_passing]
+            if t == cut > 0:   # the truncated loops' state, its gradient to h(0) as an identity
+                h = h0 + (h - h0).detach()
+                buffer = buffer0 + (buffer - buffer0).detach() if mesh else None
+            h_prev, buffer_prev, active = h, buffer, loops > t        # active (B, T): looping
+            held = (~active[:, None, :, None], caches[P + (t - 1) * n_core:P + t * n_core]) \
+                if exiting and t > 0 else None
+            with torch.set_grad_enabled(grad and t >= cut):
+                y = self.run_layers(h, self.core, pos, loop_caches, held)   # y = f_core(h(t))
+                if mesh:               # write y_{t+1} = y, read h(t+1), routed by u = h(t)
+                    buffer, h = self.mesh_write_read(t + 1, buffer, u=h, y=y)
+                else:                  # (M1): h(t+1) = f_core(h(t)) + h_sup(t)
+                    h_sup = {"base": 0, "residual": h, "anchor": h0, "anchor_star": h_emb}
+                    h = y + h_sup[cfg.state_passing]
+            if exiting:        # ---- an exited position keeps its state (and its MeSH buffer)
+                if exit_threshold is not None:   # the relative change (Huginn's "latent-diff")
+                    change = (h - h_prev).norm(dim=-1) / h.norm(dim=-1)
+                    loops = torch.where(active & (change < exit_threshold), t + 1, loops)
+                h = torch.where(active[..., None], h, h_prev)
+                buffer = torch.where(active[..., None], buffer, buffer_prev) if mesh else None
+                if not (loops > t + 1).any():   # all done: decoding saves the later loops, whose
+                    later = caches[P + (t + 1) * n_core:P + K * n_core] if cache else []
+                    for c, last in zip(later, loop_caches * K):   # caches get this loop's keys
+                        c.update({n: torch.cat([c[n], last[n][:, :, -T:]], 2) if c else
+                                  last[n][:, :, -T:] for n in ("k", "v")})
+                    break
+        if stats is not None:
+            stats["loops"] = loops                                         # (B, T)
         return self.run_layers(h, self.coda, pos, caches[P + K * n_core:])
 
     def mesh_write_read(self, step: int, buffer, u, y):
@@ -338,6 +390,7 @@ class GPT(nn.Module):
         C), then read h_next (B, T, C) from the UPDATED buffer, both routed by u_k (B, T, C) with
         step k's routers (0 the transitional step, t+1 after loop t). Returns (buffer, h_next)."""
         fp32 = torch.promote_types(u.dtype, torch.float32)  # the softmax in fp32 (autocast)
+        step = min(step, self.cfg.max_loops)       # a loop past max_loops reuses the last routers
         w_write = F.softmax(self.mesh.write_routers[step](u), dim=-1, dtype=fp32)  # (B, T, n)
         w_read = F.softmax(self.mesh.read_routers[step](u), dim=-1, dtype=fp32)
         # the write, out of place (autograd), then the read
@@ -486,23 +539,33 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0,
                  top_k: Optional[int] = None, generator: Optional[torch.Generator] = None,
-                 recurrent_prompt: bool = False, prefill: str = "exact", prefill_tol: float = 0.0):
+                 recurrent_prompt: bool = False, prefill: str = "exact", prefill_tol: float = 0.0,
+                 n_loops: Optional[int] = None, exit_threshold: Optional[float] = None,
+                 stats: Optional[dict] = None):
         """Continue idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), each
         from the last logits on the last block_size tokens: a KV cache while the sequence fits, a
         recomputed window once it slides. temperature 0 = greedy; top_k keeps the k most likely.
         T²MLR: the prompt is non-recurrent (c = 1, as the reference generates) unless
-        recurrent_prompt (c = 2), prefilled "exact" or "converged"; new tokens recurrent, exact."""
+        recurrent_prompt (c = 2), prefilled "exact" or "converged"; new tokens recurrent, exact.
+        Recursive: n_loops, exit_threshold as in recursive_forward; stats gets "mean_loops", the
+        mean loops of every position run (prompt and new tokens)."""
         check(prefill=prefill, prefill_tol=prefill_tol, temperature=temperature, top_k=top_k)
-        window, cache = self.cfg.block_size, InferenceCache(self.cfg.n_unrolled)   # keys, values; R
+        P, n_core, K, Q = self.cfg.depth                  # a flat stack: (n_layer, 0, 0, 0)
+        cache, runs = InferenceCache(P + n_core * (n_loops or K) + Q), []  # keys, values; R
         control = torch.full_like(idx, 2 if recurrent_prompt else 1)   # (B, T), grows with idx
+        depth, window = dict(n_loops=n_loops, exit_threshold=exit_threshold), self.cfg.block_size
         for step in range(max_new_tokens):
+            run = {}                                      # each call's loops (B, T), if recursive
             if step == 0:                 # the prompt, its last block_size tokens, fills the cache
-                logits, _ = self(idx[:, -window:], mode=prefill, cache=cache,
-                                 control=control[:, -window:], tol=prefill_tol)
+                logits, _ = self(idx[:, -window:], mode=prefill, cache=cache, stats=run,
+                                 control=control[:, -window:], tol=prefill_tol, **depth)
             elif idx.shape[1] <= window:  # the cache holds all of idx: feed the new token only
-                logits, _ = self(idx[:, -1:], mode="exact", cache=cache, control=control[:, -1:])
+                logits, _ = self(idx[:, -1:], mode="exact", cache=cache, control=control[:, -1:],
+                                 stats=run, **depth)
             else:                         # the window slid: recompute it, exactly, without a cache
-                logits, _ = self(idx[:, -window:], mode="exact", control=control[:, -window:])
+                logits, _ = self(idx[:, -window:], mode="exact", control=control[:, -window:],
+                                 stats=run, **depth)
+            runs += [run["loops"].float()] if run else []     # (none in a flat stack)
             # the next token (B, 1): greedy, or a draw from softmax((logits - max) / temperature)
             # over the top_k; the max at exactly 0 and -inf kept, no temperature overflows
             last = logits[:, -1, :].to(torch.promote_types(logits.dtype, torch.float32))
@@ -516,6 +579,8 @@ class GPT(nn.Module):
                 idx_next = torch.multinomial(scaled.softmax(-1), 1, generator=generator)
             idx = torch.cat([idx, idx_next], dim=1)
             control = torch.cat([control, torch.full_like(idx_next, 2)], dim=1)   # generated: c = 2
+        if stats is not None and runs:
+            stats["mean_loops"] = torch.cat([r.flatten() for r in runs]).mean().item()
         return idx
 
     # ---- released checkpoints --------------------------------------------------------------------

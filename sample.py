@@ -34,6 +34,8 @@ class SampleConfig:
     recurrent_prompt: bool = True         # T²MLR: prompt tokens recurrent (c = 2, as trained); False: c = 1
     prefill: str = "exact"                # T²MLR: the prompt token by token ('exact'), or 'converged'
     prefill_tol: float = 0.0              # 'converged': stop once the state moves less; 0 = all T sweeps
+    n_loops: Optional[int] = None         # recursive: loops of the core at test time; None = as trained (K)
+    exit_threshold: Optional[float] = None  # recursive: a token stops looping once its state moves less
     device: str = "auto"                  # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'mps'
     dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), float32, bfloat16
 
@@ -46,7 +48,8 @@ class SampleConfig:
 # The valid range of every numeric field of SampleConfig (configurator.check_ranges: None passes, nan and
 # inf never). seed: what torch.Generator.manual_seed accepts.
 SAMPLE_RANGES = {"num_samples": ">= 1", "max_new_tokens": ">= 0", "temperature": ">= 0", "top_k": ">= 1",
-                 "seed": "[0, 18446744073709551615]", "prefill_tol": "[0, 1)"}
+                 "seed": "[0, 18446744073709551615]", "prefill_tol": "[0, 1)", "n_loops": ">= 1",
+                 "exit_threshold": ">= 0"}
 
 
 @keeps_process_state
@@ -90,6 +93,8 @@ def main(argv):
             file=sys.stderr,
         )
         ids = ids[-model_cfg.block_size:]
+    if not model_cfg.layout and (cfg.n_loops is not None or cfg.exit_threshold is not None):
+        raise ConfigError(f"--n_loops and --exit_threshold need a recursive model ('P+CRK+Q'); {path} has no loops")
     idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     # T²MLR, converged prefill: the middle-layer passes of the prompt, generate's first forward
@@ -98,6 +103,7 @@ def main(argv):
         passes = count_middle_passes(model)
         model.register_forward_hook(lambda module, args, output: prompt_passes.append(passes.n))
 
+    stats = {}                           # recursive: the mean loops a position used
     with autocast:
         out = model.generate(
             idx,
@@ -108,10 +114,17 @@ def main(argv):
             recurrent_prompt=cfg.recurrent_prompt,
             prefill=cfg.prefill,
             prefill_tol=cfg.prefill_tol,
+            n_loops=cfg.n_loops,
+            exit_threshold=cfg.exit_threshold,
+            stats=stats,
         )
     if model_cfg.t2mlr and cfg.prefill == "converged":      # the prompt's sweeps
         print(f"prefill: parallel Jacobi, tol {cfg.prefill_tol:g}: middle-layer passes {prompt_passes[0]} "
               f"(exact prefill: one per token)", file=sys.stderr)
+    if "mean_loops" in stats:
+        print(f"loops: {stats['mean_loops']:.2f} a position on average (of at most {cfg.n_loops or model_cfg.n_loops}"
+              f"{f', exit threshold {cfg.exit_threshold:g}' if cfg.exit_threshold is not None else ''})",
+              file=sys.stderr)
     for row in out.tolist():
         # ids >= the tokenizer's vocabulary are padding rows of the embedding, never seen in training; drop
         # them so decoding cannot fail on an untrained model

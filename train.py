@@ -38,7 +38,7 @@ from support.checkpoints import (RESUME_KEYS, init_weights_from, load_checkpoint
                                  recorded_tokenizer, refuse_if_locked, require_keys, rng_states,
                                  state_differences)
 from support.data import check_token_ids, get_batch, load_meta, step_starts, val_starts
-from support.loop import evaluate, get_lr, make_trainer, resume, save_state
+from support.loop import LOOPS_SAMPLERS, draw_loops, evaluate, get_lr, make_trainer, resume, save_state
 from support.pretrained import config_from_hf, hf_checkpoint, load_hf_weights
 from support.process import keeps_process_state
 from support.runlog import RunLog
@@ -81,6 +81,9 @@ class TrainConfig:
     # train_mode, T²MLR only: 'jacobi' (D parallel sweeps; exact at positions < D) or 'exact' (the recurrence
     # token by token with autograd: every position's state exact, the middle layers once per token)
     train_mode: str = "jacobi"            # T²MLR only: 'jacobi' or 'exact'
+    # random-depth training, recursive layouts only: each step's loop count (support.loop.draw_loops)
+    loops_sampler: str = "fixed"          # 'fixed' (the layout's K), 'poisson_lognormal' or 'uniform'
+    loops_backprop: Optional[int] = None  # gradient through the last this many loops only; None = all
     # system
     device: str = "auto"                  # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
     dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), float32, bfloat16
@@ -95,7 +98,7 @@ class TrainConfig:
             raise ValueError(f"init_from {self.init_from!r} is not 'scratch', 'resume', a checkpoint path ending "
                              f"in .pt or 'hf:<hub id or folder>'")
         choices = {"val_mode": ("exact", "jacobi", "converged"), "train_mode": ("jacobi", "exact"),
-                   "dtype": ("auto", "float32", "bfloat16", "float16")}
+                   "dtype": ("auto", "float32", "bfloat16", "float16"), "loops_sampler": LOOPS_SAMPLERS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
@@ -111,7 +114,7 @@ TRAIN_RANGES = {
     "batch_size": ">= 1", "max_iters": ">= 0", "lr_decay_iters": ">= 1", "learning_rate": ">= 0",
     "min_lr": ">= 0", "warmup_iters": ">= 0", "weight_decay": ">= 0", "beta1": "[0, 1)", "beta2": "[0, 1)",
     "grad_clip": ">= 0", "gate_lr_multiplier": "> 0", "seed": "[0, 4294967295]", "peak_flops": "> 0",
-    "val_tol": "[0, 1)",
+    "val_tol": "[0, 1)", "loops_backprop": ">= 1",
 }
 
 
@@ -176,6 +179,9 @@ def settle_config(argv, world_size=1) -> Settled:
         ckpt, ckpt_path = load_resumable(os.path.join(cfg.out_dir, "ckpt.pt"), ("model", "model_config", "train_config"))
         model_cfg = model_config_from_checkpoint(ckpt, model_cfg, given)
         cfg = train_config_from_checkpoint(ckpt, cfg, given)
+    if not model_cfg.layout and (cfg.loops_sampler != "fixed" or cfg.loops_backprop is not None):
+        raise ConfigError(f"loops_sampler {cfg.loops_sampler!r} and loops_backprop {cfg.loops_backprop} "
+                          f"need a recursive layout 'P+CRK+Q': this model has no loops")
     grad_accum = grad_accum_steps(cfg.total_batch_size, cfg.batch_size, model_cfg.block_size, world_size)
     return Settled(model_cfg, cfg, given, grad_accum, ckpt, ckpt_path, hf_weights,
                    given_values(given, model_cfg, cfg))
@@ -268,6 +274,8 @@ def main(argv):
             log.stopped(step, trainer.ckpt_path, resume_command(argv, ddp, world_size))
             return finish(ddp, lock, exit_code=130)
         t0, passes, lr = time.time(), [], get_lr(step, cfg)
+        depth = dict(n_loops=draw_loops(cfg.loops_sampler, model_cfg.n_loops, model_cfg.max_loops, cfg.seed,
+                                        step), loops_backprop=cfg.loops_backprop) if model_cfg.layout else {}
         for group in optimizer.param_groups:          # the schedule's LR times each group's scale (the gate's m)
             group["lr"] = lr * group["lr_scale"]
         starts = step_starts(data.meta["train_tokens"], T, cfg.batch_size, grad_accum, world_size, rank, data_gen)
@@ -278,7 +286,7 @@ def main(argv):
             # its forward AND backward
             with model.no_sync() if ddp and micro < grad_accum - 1 else nullcontext():
                 with trainer.autocast, pass_counter.counting(passes) if pass_counter else nullcontext():
-                    loss = model(x, y, mode=train_mode)[1]         # T²MLR: its middle passes counted
+                    loss = model(x, y, mode=train_mode, **depth)[1]   # T²MLR: its middle passes counted
                 loss_sum += loss.detach()
                 scaler.scale(loss / grad_accum).backward()
             if step == start_step and micro == 0:     # the first micro-step's time, the ETA (a long first step)
@@ -289,7 +297,7 @@ def main(argv):
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        log.train_step(step, train_loss, lr, grad_norm, t0, passes)
+        log.train_step(step, train_loss, lr, grad_norm, t0, passes, depth.get("n_loops"))
     log.done(best_val, trainer.ckpt_path)
     finish(ddp, lock)
 
@@ -410,9 +418,16 @@ def compile_and_wrap(trainer, cfg, model_cfg, device, ddp, local_rank):
     if cfg.compile and exact:
         print("note: compile off for train_mode 'exact' (torch.compile would unroll its loop over T tokens)")
     pass_counter = count_middle_passes(raw_model) if model_cfg.t2mlr else None  # a hook, before compiling
+    random_depth = model_cfg.layout and cfg.loops_sampler != "fixed"
+    if use_compile and random_depth:   # one graph per loop count drawn (1 .. max_loops), never eager
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, model_cfg.max_loops)
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
     compiled = torch.compile(raw_model) if use_compile else raw_model
-    # every parameter gets a gradient on every step (routers and gates always run): no find_unused_parameters
-    trainer.model = DDP(compiled, device_ids=[local_rank] if device_type == "cuda" else None) if ddp else compiled
+    # MeSH's routers of steps past a step's loop count (or in its truncated loops) get no gradient then
+    unused = model_cfg.state_passing == "mesh" and model_cfg.layout != "" and (
+        random_depth or cfg.loops_backprop is not None or model_cfg.max_loops > model_cfg.n_loops)
+    trainer.model = DDP(compiled, device_ids=[local_rank] if device_type == "cuda" else None,
+                        find_unused_parameters=unused) if ddp else compiled
     trainer.ddp = ddp
     eval_model = compiled if not model_cfg.t2mlr or cfg.val_mode == "jacobi" else raw_model
     trainer.compiled = use_compile

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import time
+from dataclasses import replace
 
 import torch
 
@@ -40,7 +41,7 @@ from model import GPT, GPTConfig
 from studies.common import git_commit
 from studies.reproduce.stats import paired_stats
 from support.checkpoints import load_checkpoint, save_checkpoint
-from support.loop import configure_optimizers
+from support.loop import LOOPS_SAMPLERS, configure_optimizers, draw_loops
 from support.process import keeps_process_state
 
 ARMS = ("base", "anchor", "mesh", "vanilla")     # the state passings compared, and flat stacks
@@ -101,11 +102,12 @@ def with_loops(model: GPT, K_test: int) -> GPT:
     """A copy of a recursive `model` that runs its core K_test times (loops at test time). The layers are
     shared as trained; MeSH's slot count stays as trained, step s uses the router trained at step
     min(s, K): a loop past the trained K reuses loop K's routers (the last ones, trained to feed the
-    coda), a shorter run stops after its own first K_test loops."""
+    coda), a shorter run stops after its own first K_test loops. The same as model(X, n_loops=K_test), the
+    model's own depth at test time (tested)."""
     cfg = model.cfg
     P, n_core, K, Q = cfg.depth
     layout = f"{P}+{n_core}R{K_test}+{Q}"
-    fields = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__} | dict(layout=layout)
+    fields = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__} | dict(layout=layout, max_loops=None)
     if cfg.state_passing == "mesh":
         fields["mesh_slots"] = model.cfg.n_slots
     test = GPT(GPTConfig(**fields))
@@ -156,20 +158,25 @@ def held(history) -> bool:
 
 
 def run(arm, K, layers, p, n, seed, steps, out, width=64, batch_size=64, lr=1e-3, eval_every=100,
-        ckpt_dir="out/phop", log=print):
+        ckpt_dir="out/phop", log=print, loops_sampler="fixed"):
     """Train one run (AdamW, linear warmup of 100 steps then a constant LR, clip 1.0) until it holds
     HELD or reaches `steps`, evaluating every `eval_every` steps; resumes from ckpt_dir/<run>.pt (kept
-    afterwards: the probes read it). Writes and returns out/<run>.json's dict."""
-    name = run_name(arm, K, layers, p, n, seed)
+    afterwards: the probes read it). Writes and returns out/<run>.json's dict. loops_sampler other than
+    "fixed": random-depth training (support.loop.draw_loops, mean K, capped at MAX_LOOPS; the stopping
+    rule is measured at K, as for fixed depth); the run's name ends in _<sampler>."""
+    name = run_name(arm, K, layers, p, n, seed) + ("" if loops_sampler == "fixed" else f"_{loops_sampler}")
     json_path, ckpt_path = os.path.join(out, name + ".json"), os.path.join(ckpt_dir, name + ".pt")
     os.makedirs(out, exist_ok=True)
     os.makedirs(ckpt_dir, exist_ok=True)
     torch.manual_seed(seed)
-    model = GPT(model_config(arm, K, layers, n, width))
+    cfg = model_config(arm, K, layers, n, width)
+    model = GPT(cfg if loops_sampler == "fixed" else replace(cfg, max_loops=MAX_LOOPS))
     opt = configure_optimizers(model, 0.1, lr, (0.9, 0.95), "cpu")
     spec = dict(arm=arm, K=K if arm != "vanilla" else None, layers=layers if arm == "vanilla" else None,
                 p=p, n=n, seed=seed, max_steps=steps, width=width, batch_size=batch_size, lr=lr,
                 eval_every=eval_every, layout=model.cfg.layout or f"vanilla {layers}")
+    if loops_sampler != "fixed":
+        spec.update(loops_sampler=loops_sampler, max_loops=MAX_LOOPS)
     step, history, seconds = 0, [], 0.0
     if os.path.exists(ckpt_path):
         ckpt = load_checkpoint(ckpt_path)
@@ -197,7 +204,9 @@ def run(arm, K, layers, p, n, seed, steps, out, width=64, batch_size=64, lr=1e-3
         X, y = make_batch(batch_size, n, p, batch_seed(seed, step))
         for group in opt.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / 100)
-        _, loss = model(X, y)
+        depth = {} if loops_sampler == "fixed" else \
+            dict(n_loops=draw_loops(loops_sampler, K, MAX_LOOPS, seed, step))
+        _, loss = model(X, y, **depth)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -209,8 +218,8 @@ def run(arm, K, layers, p, n, seed, steps, out, width=64, batch_size=64, lr=1e-3
                history=history, params=sum(q.numel() for q in model.parameters()))
     if arm in ("base", "anchor", "mesh"):
         model.eval()
-        doc["test_time_K"] = {str(k): accuracy(with_loops(model, k), X_eval, y_eval)
-                              for k in TEST_KS}
+        doc["test_time_K"] = {str(k): accuracy(lambda X, k=k: model(X, n_loops=k), X_eval, y_eval)
+                              for k in MEASURED_KS}
     with open(json_path + ".tmp", "w") as f:
         json.dump(doc, f, indent=1)
     os.replace(json_path + ".tmp", json_path)
@@ -220,6 +229,8 @@ def run(arm, K, layers, p, n, seed, steps, out, width=64, batch_size=64, lr=1e-3
 
 
 TEST_KS = (1, 2, 3, 4, 6, 8, 12)     # loops at test time (K'), for the models trained at K = 4 (and 2)
+MAX_LOOPS = 16                       # random-depth runs: MeSH routers of steps 0..16, draws capped there
+MEASURED_KS = TEST_KS + (MAX_LOOPS,)  # what a run measures (the older runs' tables: TEST_KS)
 
 
 # -----------------------------------------------------------------------------
@@ -278,7 +289,7 @@ def load_runs(out, p):
         if name.endswith(".json") and name.split("_")[0] in ARMS:
             with open(os.path.join(out, name)) as f:
                 r = json.load(f)
-            if r["seed"] in TEST_SEEDS and r["p"] == p and r["n"] == N:
+            if r["seed"] in TEST_SEEDS and r["p"] == p and r["n"] == N and "loops_sampler" not in r:
                 runs.setdefault((r["arm"], r["K"] or r["layers"]), {})[r["seed"]] = r
     return runs
 
@@ -480,6 +491,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--out", default="studies/results/phop")
     ap.add_argument("--ckpt_dir", default="out/phop", help="the runs' checkpoints (resume, probes)")
+    ap.add_argument("--loops_sampler", default="fixed", choices=LOOPS_SAMPLERS,
+                    help="random-depth training: the loop count of each step (mean K)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (two workers: 1 each)")
     ap.add_argument("--plan", action="store_true", help="print the study's runs")
     ap.add_argument("--worker", action="store_true", help="run the plan's unfinished runs")
@@ -504,7 +517,7 @@ def main(argv=None):
         ap.error("give --arm (one run), --plan, --worker or --report")
     else:
         run(args.arm, args.K, args.layers, args.p, args.n, args.seed, args.steps, args.out,
-            ckpt_dir=args.ckpt_dir)
+            ckpt_dir=args.ckpt_dir, loops_sampler=args.loops_sampler)
 
 
 if __name__ == "__main__":

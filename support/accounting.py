@@ -25,11 +25,12 @@ def param_counts(model: GPT) -> dict:
     return counts
 
 
-def layer_passes(model: GPT, T: Optional[int] = None):
+def layer_passes(model: GPT, T: Optional[int] = None, n_loops=None, loops_backprop=None):
     """Per unique layer, (forward passes, backward passes) in one training step on T tokens (default
     block_size; T²MLR's D may follow it: GPTConfig.sweeps), for FLOP counting.
 
-    Plain and recursive: each application once forward and once backward (a core layer K times).
+    Plain and recursive: each application once forward and once backward (a core layer K times, or the
+    step's draw n_loops forward and min(n_loops, loops_backprop) backward: random-depth training).
     T²MLR Jacobi (GPT.jacobi_forward): lower 1/1; middle D forward (D - 1 refining sweeps and the final
     sweep), min(b, D - 1) + 1 backward; upper 1/1. jacobi_init "plain" adds one middle forward (and its
     backward when b = D, which keeps the start's gradient too), jacobi_checkpoint the recomputed middle-layer
@@ -37,7 +38,8 @@ def layer_passes(model: GPT, T: Optional[int] = None):
     """
     cfg = model.cfg
     n_prelude, n_core, K, n_coda = cfg.depth
-    passes = [(1, 1)] * n_prelude + [(K, K)] * n_core + [(1, 1)] * n_coda
+    K = n_loops or K
+    passes = [(1, 1)] * n_prelude + [(K, min(K, loops_backprop or K))] * n_core + [(1, 1)] * n_coda
     if model.gate is not None:
         start, end = cfg.recurrent_layers
         D, b = cfg.sweeps(T or cfg.block_size), cfg.jacobi_grad_sweeps
@@ -47,7 +49,7 @@ def layer_passes(model: GPT, T: Optional[int] = None):
     return passes
 
 
-def train_flops_per_token(model: GPT, T: Optional[int] = None) -> float:
+def train_flops_per_token(model: GPT, T: Optional[int] = None, n_loops=None, loops_backprop=None) -> float:
     """FLOPs of one training step (forward + backward) per token at sequence length T (default block_size).
 
     A layer forward costs 2·P + 4·C·T per token, P the parameters of one layer (matmuls plus attention
@@ -58,7 +60,7 @@ def train_flops_per_token(model: GPT, T: Optional[int] = None) -> float:
     T = T or cfg.block_size
     params_per_layer = sum(p.numel() for p in model.layers[0].parameters())
     layer_fwd = 2 * params_per_layer + 4 * cfg.n_embd * T
-    passes = layer_passes(model, T)
+    passes = layer_passes(model, T, n_loops, loops_backprop)
     flops = sum((fwd + 2 * bwd) * layer_fwd for fwd, bwd in passes)
     if model.gate is not None:
         fwd, bwd = passes[cfg.recurrent_layers[0]]
@@ -69,8 +71,10 @@ def train_flops_per_token(model: GPT, T: Optional[int] = None) -> float:
         gate, half = model.gate, model.gate.A.weight.numel() // 2
         flops += (fwd + 2 * bwd) * 2 * (gate.W_p.weight.numel() + half)    # W_p, A's r~ columns: each sweep
         flops += 6 * (half + gate.A.bias.numel())                  # A's x columns (gate_x_columns): once
-    if model.mesh is not None:
-        flops += 6 * sum(p.numel() for p in model.mesh.parameters())
+    if model.mesh is not None:         # the routers of the steps run: 0 .. K (a step past max_loops: the last)
+        per_step = sum(p.numel() for p in model.mesh.parameters()) / (cfg.max_loops + 1)
+        K = n_loops or cfg.n_loops
+        flops += (2 * (K + 1) + 4 * (min(K, loops_backprop or K) + 1)) * per_step
     return flops + 6 * cfg.n_embd * cfg.vocab_size
 
 

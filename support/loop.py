@@ -110,6 +110,34 @@ def load_optimizer_state(optimizer, saved, model, path):
             group[key] = settings[key]
 
 
+LOOPS_SAMPLERS = ("fixed", "poisson_lognormal", "uniform")
+
+
+def draw_loops(sampler, K, max_loops, seed, step) -> int:
+    """The loop count of training step `step` (random-depth training; every micro-step of the step runs
+    it): a pure function of its arguments, so every DDP rank, every arm at a seed and a resumed run draw
+    the same. "fixed": K. "uniform": 1 .. 2K - 1, mean K. "poisson_lognormal" (Huginn, Geiping et al.
+    2025, seal-rg/recurrent-pretraining's randomized_iteration_sampler): Poisson(λ) + 1, the +1 the pass
+    every step makes, λ log-normal with σ = 0.5 and mean K - 1 (Huginn's mean is K, so its draws average
+    K + 1; ours average K, the fixed depth they are compared with). A draw above max_loops is capped."""
+    if sampler not in LOOPS_SAMPLERS:
+        raise ValueError(f"loops_sampler {sampler!r} is not one of {', '.join(map(repr, LOOPS_SAMPLERS))}")
+    if sampler == "fixed":
+        return K
+    g = torch.Generator().manual_seed((seed * 1_000_003 + step) % 2**63)
+    if sampler == "uniform":
+        return min(int(torch.randint(1, 2 * K, (1,), generator=g)), max_loops)
+    sigma = 0.5
+    rate = torch.zeros(1).log_normal_(math.log(K - 1) - sigma ** 2 / 2, sigma, generator=g) if K > 1 \
+        else torch.zeros(1)
+    return min(int(torch.poisson(rate, generator=g)) + 1, max_loops)
+
+
+def mean_loops(sampler, K, max_loops, seed=0, steps=2000) -> float:
+    """The mean draw after the cap, over `steps` steps of draw_loops (the FLOP estimate's depth)."""
+    return sum(draw_loops(sampler, K, max_loops, seed, s) for s in range(steps)) / steps
+
+
 def get_lr(step, cfg):
     """Learning rate of optimizer step `step` (0-based): linear warmup from learning_rate/(warmup_iters+1)
     (never 0), then cosine from learning_rate at step warmup_iters down to min_lr at step L - 1,

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from support.accounting import exact_training_flops_per_token, param_counts, train_flops_per_token
 from support.data import get_batch
+from support.loop import mean_loops
 from support.runtime import RunError, peak_flops
 
 SLOW_RUN_SECONDS = 24 * 3600     # a run estimated longer than this on a CPU or MPS is pointed at the quick start
@@ -42,8 +43,13 @@ class RunLog:
         self.device, self.start_step, self.t2mlr = device, start_step, model_cfg.t2mlr
         self.log_path = os.path.join(cfg.out_dir, "log.jsonl")
         exact = model_cfg.t2mlr and cfg.train_mode == "exact"
+        self.random_depth = model_cfg.layout != "" and (cfg.loops_sampler != "fixed" or cfg.loops_backprop)
+        self.flops_at = lambda n: train_flops_per_token(raw_model, n_loops=n, loops_backprop=cfg.loops_backprop)
+        # random depth: at the mean draw after the cap (support.loop.mean_loops)
         self.flops_per_token = exact_training_flops_per_token(model_cfg) if exact else \
-            train_flops_per_token(raw_model)
+            self.flops_at(mean_loops(cfg.loops_sampler, model_cfg.n_loops, model_cfg.max_loops, cfg.seed)
+                          if model_cfg.layout else None)
+        self.draws = []
         self.peak = peak_flops(device, cfg.peak_flops)
         self.t_start, self.eval_seconds, self.n_evals, self.warned = time.time(), 0.0, 0, False
         show = master and cfg.progress and sys.stderr.isatty()
@@ -139,11 +145,13 @@ class RunLog:
         self.best_label = label
         self.write(row, f"step {step}: {label} {val_loss:.4f} (best {best_val:.4f})")
 
-    def train_step(self, step, train_loss, lr, grad_norm, t0, passes):
+    def train_step(self, step, train_loss, lr, grad_norm, t0, passes, n_loops=None):
         """The bar; at every log_interval (and the last step) a line and a row: loss, LR, grad norm, time,
-        throughput, MFU, T²MLR's mean middle passes, the ETA. Only a logged step syncs the device."""
+        throughput, MFU, T²MLR's mean middle passes, the loop counts drawn since the last row (random
+        depth), the ETA. Only a logged step syncs the device."""
         cfg = self.cfg
         self.bar.update()
+        self.draws.append(n_loops)
         if not (step % cfg.log_interval == 0 or step == cfg.max_iters - 1):
             return
         if self.device.startswith("cuda"):
@@ -152,8 +160,12 @@ class RunLog:
         dt = time.time() - t0
         tok_s = cfg.total_batch_size / dt
         flops = self.flops_per_token * tok_s / self.world_size     # achieved FLOP/s per device
+        if self.random_depth:    # this step's FLOPs, at its own draw
+            flops *= self.flops_at(n_loops) / self.flops_per_token
         row = {"step": step, "loss": train_loss.item(), "lr": lr, "grad_norm": grad_norm.item(), "ms": 1000 * dt,
                "tok_s": tok_s, "flops": flops, "mfu": flops / self.peak if self.peak else None}
+        if self.random_depth:
+            row["loops"], self.draws = self.draws, []
         if self.t2mlr:       # mean middle-layer passes per micro-step (D, +1 with the plain start; exact: T)
             row["jacobi_passes"] = sum(passes) / len(passes)
         # ETA: the mean step time times the steps left, plus the mean evaluation time times those left

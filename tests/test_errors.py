@@ -249,6 +249,7 @@ RANGE_CASES = [
     (GPTConfig, "gate_bias_prob", [0.0, 1.0, NAN], [1e-6, 1 - 1e-6], T2),
     (GPTConfig, "gate_weight_gain", [0.0, INF], [1e-6], T2),
     (GPTConfig, "jacobi_tol", [-1e-3, 1.0, NAN], [0.0, 0.999], T2),
+    (GPTConfig, "max_loops", [1, 0], [2, 16], dict(layout="1+1R2+1", state_passing="mesh")),
     (TrainConfig, "eval_interval", [0], [1], {}),
     (TrainConfig, "eval_iters", [0], [1], {}),
     (TrainConfig, "log_interval", [0], [1], {}),
@@ -273,6 +274,9 @@ RANGE_CASES = [
     (SampleConfig, "top_k", [0], [1], {}),
     (SampleConfig, "seed", [-1, 2 ** 64], [0, 2 ** 64 - 1], {}),
     (SampleConfig, "prefill_tol", [-1e-6, 1.0, NAN], [0.0, 0.5], {}),
+    (SampleConfig, "n_loops", [0, -1], [1, 8], {}),
+    (SampleConfig, "exit_threshold", [-1e-6, NAN, INF], [0.0, 0.5], {}),
+    (TrainConfig, "loops_backprop", [0, -1], [1], {}),
 ]
 # numeric fields that take any value on their own: negative layer indices count from the end, and
 # GPTConfig._check_t2mlr checks them against n_layer

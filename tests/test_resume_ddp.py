@@ -36,6 +36,10 @@ ARCHS = {
     # any two summation orders; without it the weights of the two setups can be compared at 1e-6.
     "vanilla": ["--bias=False"],
     "mesh": ["--layout=1+1R2+1", "--state_passing=mesh", "--bias=False"],
+    # random depth: each step's loop count drawn (1..3), gradient through the last 2 loops; DDP finds the
+    # routers a step leaves unused (its later steps', max_loops = 4)
+    "mesh_random_depth": ["--layout=1+1R2+1", "--state_passing=mesh", "--bias=False", "--loops_sampler=uniform",
+                          "--max_loops=4", "--loops_backprop=2"],
     "t2mlr": ["--flavour=llama", "--n_layer=3", "--mlp_hidden=64", "--t2mlr=True", "--l_start=1", "--l_end=2",
               "--jacobi_sweeps=4", "--jacobi_grad_sweeps=2"],
 }
@@ -98,6 +102,7 @@ def test_resume_is_bit_exact(runs):
     assert a["rng"][0]["numpy"] == b["rng"][0]["numpy"] and a["rng"][0]["python"] == b["rng"][0]["python"]
     rows_a, rows_b = train_rows(straight), train_rows(split)
     assert [r["step"] for r in rows_b] == list(range(6))
+    assert [r.get("loops") for r in rows_a] == [r.get("loops") for r in rows_b]    # the same draws
     for key in ("loss", "grad_norm", "lr"):            # the same batches, updates and schedule, step by step
         assert [r[key] for r in rows_a] == [r[key] for r in rows_b], key
     assert rows_b[-1]["lr"] == pytest.approx(1e-3)     # the resumed run ends the 6-step cosine at min_lr
@@ -114,6 +119,7 @@ def test_ddp_equals_one_process(runs):
     assert "4 seqs x 32 tokens x 2 ranks x 2 accumulation steps" in two_out
     rows_1, rows_2 = train_rows(one), train_rows(two)
     assert [r["step"] for r in rows_2] == list(range(6))
+    assert [r.get("loops") for r in rows_1] == [r.get("loops") for r in rows_2]    # every rank's draws
     for r1, r2 in zip(rows_1, rows_2):                 # the same global batch, the same averaged gradient
         assert r2["loss"] == pytest.approx(r1["loss"], rel=1e-6, abs=1e-6)
         assert r2["grad_norm"] == pytest.approx(r1["grad_norm"], rel=1e-6, abs=1e-6)
@@ -142,9 +148,12 @@ def test_every_parameter_gets_a_gradient(arch):
     model = GPT(model_cfg)
     x = torch.randint(0, 257, (2, model_cfg.block_size))
 
+    # random depth: a step at the largest draw reaches every router, without truncation
+    depth = dict(n_loops=model_cfg.max_loops) if "--loops_sampler=uniform" in ARCHS[arch] else {}
+
     def zero_grads():
         model.zero_grad(set_to_none=True)
-        model(x, x.roll(-1, 1))[1].backward()
+        model(x, x.roll(-1, 1), **depth)[1].backward()
         assert [name for name, p in model.named_parameters() if p.grad is None] == []
         return [name for name, p in model.named_parameters() if not p.grad.any()]
     if arch != "t2mlr":

@@ -87,6 +87,7 @@ def test_loops_at_test_time(arm):
             h = model.run_layers(h, model.coda, 0)
             torch.testing.assert_close(longer(X)[0], model.lm_head(model.ln_f(h)))
     assert not torch.allclose(longer(X)[0], model(X)[0])
+    torch.testing.assert_close(longer(X)[0], model(X, n_loops=5)[0])     # the model's own loops at test time
     shorter = phop.with_loops(model, 1)
     assert shorter.cfg.n_loops == 1 and shorter(X)[0].shape == model(X)[0].shape
 
@@ -106,9 +107,22 @@ def test_a_run_writes_its_json_and_resumes_bit_equal(tmp_path):
     b = torch.load(ckpt, weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     doc = json.loads((tmp_path / "a" / "mesh_K2_p2_n16_s7.json").read_text())
-    assert doc["commit"] and set(doc["test_time_K"]) == {str(k) for k in phop.TEST_KS}
+    assert doc["commit"] and set(doc["test_time_K"]) == {str(k) for k in phop.MEASURED_KS}
 
 
 def test_a_bad_arm_is_refused_naming_the_valid_ones():
     with pytest.raises(ValueError, match="'loop' is not one of base, anchor, mesh, vanilla"):
         phop.model_config("loop", 2, None, 16, 32)
+
+
+def test_a_random_depth_run_draws_its_loops_and_measures_up_to_sixteen(tmp_path):
+    kw = dict(arm="mesh", K=2, layers=None, p=2, n=16, seed=7, width=32, batch_size=8, eval_every=5,
+              log=lambda *a: None, loops_sampler="uniform")
+    doc = phop.run(steps=10, out=str(tmp_path / "a"), ckpt_dir=str(tmp_path / "ca"), **kw)
+    assert doc["name"].endswith("_uniform") and doc["loops_sampler"] == "uniform"
+    assert doc["max_loops"] == phop.MAX_LOOPS and set(doc["test_time_K"]) >= {"1", "4", "16"}
+    saved = torch.load(tmp_path / "ca" / (doc["name"] + ".pt"), weights_only=True)
+    assert len([k for k in saved["model"] if k.startswith("mesh.read_routers.")]) == 2 * (phop.MAX_LOOPS + 1)
+    fixed = phop.run(steps=10, out=str(tmp_path / "b"), ckpt_dir=str(tmp_path / "cb"), **kw | {"loops_sampler": "fixed"})
+    assert fixed["history"][-1] != doc["history"][-1]          # the draws changed the training
+    assert phop.load_runs(str(tmp_path / "a"), 2) == {}        # never mixed into the fixed-depth tables

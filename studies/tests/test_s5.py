@@ -240,7 +240,7 @@ def test_the_curriculum_overlay_changes_the_schedule_alone_and_keeps_the_papers_
 def test_quick_run_lowers_the_training_loss(tmp_path):
     out = tmp_path / "quick"
     result = subprocess.run([sys.executable, "-m", "studies.s5_retrieval", "--quick", f"--out_dir={out}"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     results = json.loads((out / "results.json").read_text())
     curve = [row["loss"] for row in results["curve"]]
