@@ -276,12 +276,13 @@ class GPT(nn.Module):
         cache: an InferenceCache that idx continues, updated in place. T²MLR only: mode "jacobi" (D
         sweeps: training), "exact" (token by token) or "converged" (sweeps until the state moves
         less than tol: a prefill), None = "jacobi" in train() without a cache, else "exact";
-        control (B, T): the reference's c_t, 0 pad, 1 non-recurrent, >= 2 recurrent (None: all).
-        Recursive only, depth at test time and in training: see recursive_forward."""
+        control (B, T): the reference's c_t, 0 pad, 1 non-recurrent, >= 2 recurrent (None: all)."""
         cfg, pos = self.cfg, cache.length if cache is not None else 0      # position of idx[:, 0]
         depth = dict(n_loops=n_loops, loops_backprop=loops_backprop, exit_threshold=exit_threshold)
-        if {*depth.values(), exits} != {None} and (check(cfg, **depth) or not cfg.layout):
-            raise ValueError("n_loops, loops_backprop, exit_threshold, exits: no loops to set")
+        if {*depth.values(), exits} != {None}:    # recursive only: see recursive_forward
+            check(cfg, **depth)
+            if not cfg.layout:
+                raise ValueError("n_loops, loops_backprop, exit_threshold, exits: no loops to set")
         if pos + idx.shape[1] > cfg.block_size:
             raise ValueError(f"{pos + idx.shape[1]} tokens exceeds block_size = {cfg.block_size}")
         if control is not None and control.shape != idx.shape:

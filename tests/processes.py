@@ -1,7 +1,7 @@
 """
 A test's child processes never outlive it. Every process a test starts through subprocess (train.py,
-prepare_data.py, sample.py, torchrun and its ranks) starts in a session of its own, and when the test ends,
-passed, failed or timed out, whatever is left of that session is killed by its process group, so no orphan
+prepare_data.py, sample.py, torchrun and its ranks) starts as the leader of its own process group, and
+when the test ends, passed, failed or timed out, whatever is left of that group is killed, so no orphan
 holds a lock, a port or a core for the next test. tests/conftest.py and studies/tests/conftest.py use it.
 """
 
@@ -13,7 +13,7 @@ import pytest
 
 
 class TrackedPopen(subprocess.Popen):
-    """subprocess.Popen (and so subprocess.run) recording what it started, each in its own session."""
+    """subprocess.Popen (and so subprocess.run) recording what it started, each in its own process group."""
     started = []
 
     def __init__(self, *args, **kwargs):
@@ -23,7 +23,7 @@ class TrackedPopen(subprocess.Popen):
 
 
 def kill_group(proc):
-    """SIGKILL to every process still in proc's session (its group id is proc's pid), then reap proc."""
+    """SIGKILL to every process still in proc's process group (its id is proc's pid), then reap proc."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):   # the whole group has already exited
@@ -33,7 +33,7 @@ def kill_group(proc):
 
 @pytest.fixture(scope="session", autouse=True)
 def tracked_subprocesses():
-    """From the session's start, so module-scoped fixtures' processes are tracked too."""
+    """From the start of the test run, so module-scoped fixtures' processes are tracked too."""
     original, subprocess.Popen = subprocess.Popen, TrackedPopen
     yield
     subprocess.Popen = original
