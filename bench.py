@@ -26,7 +26,9 @@ Measurements, each the median of --repeats rounds after --warmup rounds:
   Peak RSS cannot be split between variants in one process and is not used;
 - MFU: the model's own train_flops_per_token (6N plus attention, every loop and sweep counted) times
   tokens per second, over the FLOP/s of a large matmul in the training dtype timed in the same rounds;
-- decode: ms per token with the KV cache, 64 new tokens (greedy) after a 64-token prompt, batch 1;
+- decode: ms per token with the KV cache, 64 new tokens (greedy) after a 64-token prompt, batch 1; base
+  recursion and MeSH again at --exit_threshold (a position stops looping once its state changes by less
+  than it): the mean loops a new token ran and the time per token against the same model at full depth;
 - prefill: T²MLR's exact (token by token) prefill of 4 x 64 tokens into a cache, against the plain model's;
 - T²MLR options, against the fixed-D Jacobi model with the same weights: a Jacobi step with jacobi_tol (the
   middle-layer passes it used and its time), sweep checkpointing (jacobi_checkpoint: memory and time), and
@@ -160,20 +162,23 @@ def train_step_fn(model, optimizer, x, y, device, autocast):
     return step
 
 
-def decode_fn(model, prompt, new_tokens, device, autocast):
+def decode_fn(model, prompt, new_tokens, device, autocast, exit_threshold=None):
     """Greedy decoding with the KV cache: prefill `prompt` (B, P) untimed, then time new_tokens single-token
-    steps."""
+    steps; with exit_threshold (recursive models) also the mean loops a new token ran."""
     @torch.no_grad()
     def decode():
-        cache = InferenceCache(model.cfg.n_unrolled)
+        cache, depth, loops = InferenceCache(model.cfg.n_unrolled), {}, []
+        if exit_threshold is not None:
+            depth = dict(exit_threshold=exit_threshold, stats={})
         with autocast:
-            logits, _ = model(prompt, cache=cache)
+            logits, _ = model(prompt, cache=cache, **depth)
             sync(device)
             t0 = time.perf_counter()
             for _ in range(new_tokens):
-                logits, _ = model(logits[:, -1:].argmax(-1), cache=cache)
+                logits, _ = model(logits[:, -1:].argmax(-1), cache=cache, **depth)
+                loops.append(depth["stats"]["loops"].float().mean().item() if depth else 0)
             sync(device)
-        return {"per_token": (time.perf_counter() - t0) / new_tokens}
+        return {"per_token": (time.perf_counter() - t0) / new_tokens, "loops": statistics.mean(loops)}
     return decode
 
 
@@ -326,6 +331,7 @@ def run(
     jacobi_tol=1e-3,
     prefill_tol=1e-4,
     prefill_lengths=None,
+    exit_threshold=0.3,
 ):
     """Every measurement of the module docstring. Returns the bench.json dict."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -424,6 +430,18 @@ def run(
     for n, v in result["variants"].items():
         v["decode_ms_per_token"] = 1e3 * statistics.median(t[n]["per_token"])
         v["decode_ratio"] = ratio(t[n]["per_token"], t[v["baseline"]]["per_token"])
+
+    # decoding at an exit threshold that saves loops, against the same model at its full K
+    fns = {}
+    for n in ("base", "mesh"):
+        fns[n] = decode_fn(models[n], prompt, s["new_tokens"], device, autocast)
+        fns[n + "_exit"] = decode_fn(models[n], prompt, s["new_tokens"], device, autocast, exit_threshold)
+    t = interleaved(fns, repeats, warmup, "2/5 decoding at an exit threshold")
+    result["exit_decode"] = {"exit_threshold": exit_threshold, "loops_full": models["base"].cfg.n_loops}
+    for n in ("base", "mesh"):
+        result["exit_decode"][n] = {"mean_loops": statistics.mean(t[f"{n}_exit"]["loops"]),
+                                    "ms_per_token": 1e3 * statistics.median(t[f"{n}_exit"]["per_token"]),
+                                    "vs_full": ratio(t[f"{n}_exit"]["per_token"], t[n]["per_token"])}
 
     # prefill: T²MLR exact (token by token) against the plain model
     idx = torch.randint(vocab, (s["prefill_batch"], s["prompt"]), generator=gen).to(device)
@@ -524,6 +542,13 @@ def markdown(r):
         "vs plain "
         f"{p['plain_ms']:.1f} ms ({p['ratio']:.2f}×).",
     ]
+    e = r["exit_decode"]
+    lines += [
+        "",
+        f"Decoding with exits at threshold {e['exit_threshold']:g} (loops of the core, {e['loops_full']} at full "
+        "depth): " + "; ".join(f"{n} {e[n]['mean_loops']:.2f} loops per new token, {e[n]['ms_per_token']:.2f} "
+                              f"ms/token ({e[n]['vs_full']:.2f}× its full depth)" for n in ("base", "mesh")) + ".",
+    ]
     o = r["jacobi_options"]
     lines += [
         "",
@@ -603,6 +628,8 @@ def main(argv=None):
         default=None,
         help="prompt lengths of the Jacobi prefill rows; " "default 64 256 1024",
     )
+    p.add_argument("--exit_threshold", type=float, default=0.3,
+                   help="the exit threshold of the decoding-with-exits rows (base, MeSH); default 0.3")
     p.add_argument("--out", default="bench.json", help="default bench.json")
     args = p.parse_args(argv)
     t0 = time.time()
@@ -617,6 +644,7 @@ def main(argv=None):
         args.jacobi_tol,
         args.prefill_tol,
         args.prefill_lengths,
+        args.exit_threshold,
     )
     result["wall_s"] = time.time() - t0
     print(markdown(result))

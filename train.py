@@ -419,10 +419,10 @@ def compile_and_wrap(trainer, cfg, model_cfg, device, ddp, local_rank):
         print("note: compile off for train_mode 'exact' (torch.compile would unroll its loop over T tokens)")
     pass_counter = count_middle_passes(raw_model) if model_cfg.t2mlr else None  # a hook, before compiling
     random_depth = model_cfg.layout and cfg.loops_sampler != "fixed"
-    if use_compile and random_depth:   # one graph per loop count drawn (1 .. max_loops), never eager
+    if use_compile and random_depth:   # one static graph per loop count drawn (1 .. max_loops), never eager
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, model_cfg.max_loops)
         torch._dynamo.config.fail_on_recompile_limit_hit = True
-    compiled = torch.compile(raw_model) if use_compile else raw_model
+    compiled = torch.compile(raw_model, dynamic=False if random_depth else None) if use_compile else raw_model
     # MeSH's routers of steps past a step's loop count (or in its truncated loops) get no gradient then
     unused = model_cfg.state_passing == "mesh" and model_cfg.layout != "" and (
         random_depth or cfg.loops_backprop is not None or model_cfg.max_loops > model_cfg.n_loops)

@@ -237,6 +237,7 @@ MEASURED_KS = TEST_KS + (MAX_LOOPS,)  # what a run measures (the older runs' tab
 # The plan: every run of the study, and the workers that share it
 
 P, N, STEPS = 6, 64, 6000       # the calibrated task (studies/phop.md: at p = 4 the 3-layer stack learned) and the cap
+HARD_P = 12                     # the harder task of the random-depth study (57% of positions unscored)
 CALIBRATION_SEEDS, TEST_SEEDS = (100, 101), (0, 1, 2, 3, 4)
 
 
@@ -252,12 +253,21 @@ def plan():
     return runs
 
 
-def worker(out, p=None, log=print):
-    """Run the plan's unfinished runs in order, at hop count p (default P); a run being trained by another
-    worker (its .lock names a live process) is skipped."""
-    p = P if p is None else p
-    for arm, K, layers, seed in plan():
-        name = run_name(arm, K, layers, p, N, seed)
+def plan_random_depth():
+    """The random-depth study's runs as (arm, K, layers, seed, p, sampler), seed by seed: base, MeSH and
+    anchor at p = P with random depth of mean 4 (5 seeds; their fixed-K = 4 pairs are the main study's);
+    then a fixed K = 4 calibration run at HARD_P (it must not learn within STEPS), and base and MeSH with
+    random depth at HARD_P (3 seeds)."""
+    runs = [(arm, 4, None, s, P, "poisson_lognormal") for s in TEST_SEEDS for arm in ("base", "mesh", "anchor")]
+    runs.append(("base", 4, None, CALIBRATION_SEEDS[0], HARD_P, "fixed"))
+    return runs + [(arm, 4, None, s, HARD_P, "poisson_lognormal") for s in TEST_SEEDS[:3] for arm in ("base", "mesh")]
+
+
+def worker(out, runs, ckpt_dir="out/phop", log=print):
+    """Run the unfinished runs of `runs` ((arm, K, layers, seed, p, sampler) each) in order; a run being
+    trained by another worker (its .lock names a live process) is skipped."""
+    for arm, K, layers, seed, p, sampler in runs:
+        name = run_name(arm, K, layers, p, N, seed) + ("" if sampler == "fixed" else f"_{sampler}")
         if os.path.exists(os.path.join(out, name + ".json")):
             continue
         lock = os.path.join(out, name + ".lock")
@@ -273,7 +283,7 @@ def worker(out, p=None, log=print):
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
         try:
-            run(arm, K, layers, p, N, seed, STEPS, out, log=log)
+            run(arm, K, layers, p, N, seed, STEPS, out, ckpt_dir=ckpt_dir, log=log, loops_sampler=sampler)
         finally:
             os.remove(lock)
 
@@ -507,8 +517,11 @@ def main(argv=None):
     if args.plan:
         for r in plan():
             print(run_name(*r[:3], args.p, N, r[3]))
+    elif args.worker and args.loops_sampler == "fixed":
+        worker(args.out, [(arm, K, layers, seed, args.p, "fixed") for arm, K, layers, seed in plan()],
+               args.ckpt_dir)
     elif args.worker:
-        worker(args.out, args.p)
+        worker(args.out, plan_random_depth(), args.ckpt_dir)
     elif args.report:
         report(args.out, args.p)
     elif args.probe:

@@ -35,6 +35,9 @@ def test_bench_runs_and_writes_every_key(tmp_path, capsys):
         "vanilla_mfu",
     }
     assert r["prefill"]["tokens"] == [4, 64] and r["matmul_peak_flops"] > 0
+    e = r["exit_decode"]                # the default threshold saves loops on both untrained models
+    assert e["exit_threshold"] == 0.3 and e["loops_full"] == 2
+    assert all(1 <= e[n]["mean_loops"] < 2 and e[n]["vs_full"] > 0 for n in ("base", "mesh"))
     o = r["jacobi_options"]
     # fewer bytes held
     assert 1 < o["tol"]["passes_mean"] <= 16 and o["checkpoint"]["memory_vs_fixed"] < 1

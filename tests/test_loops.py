@@ -219,3 +219,32 @@ def test_loops_on_a_flat_stack_are_refused(fields, kwargs):
 def test_unknown_sampler_is_refused():
     with pytest.raises(ValueError, match="loops_sampler 'gamma' is not one of 'fixed', 'poisson_lognormal'"):
         draw_loops("gamma", 4, 8, 0, 0)
+
+
+@pytest.mark.slow
+def test_compiled_random_depth_compiles_one_graph_per_draw_and_never_falls_back(tmp_path, monkeypatch):
+    """train.py compiles random-depth training with static shapes: one graph per loop count drawn, plus the
+    evaluation's (no_grad, the trained K), no graph break; a draw past the recompile limit would raise."""
+    import json
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    import train
+    from test_train import TINY as TRAIN_TINY, write_dataset
+    monkeypatch.chdir(tmp_path)
+    write_dataset(tmp_path / "data" / "fox")
+    args = [a for a in TRAIN_TINY if not a.startswith("--compile")] + [
+        "--compile=True", "--dataset=fox", "--layout=1+1R2+1", "--state_passing=mesh", "--max_iters=8",
+        "--loops_sampler=uniform", "--max_loops=4", "--eval_interval=8", "--out_dir=o"]
+    torch._dynamo.reset()
+    counters.clear()
+    with torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit,
+                                    fail_on_recompile_limit_hit=False):     # train.py sets both
+        torch.set_default_dtype(torch.float32)
+        train.main(args)
+    rows = [json.loads(line) for line in open(tmp_path / "o" / "log.jsonl")]
+    draws = {n for r in rows for n in r.get("loops", [])}
+    assert len(draws) > 1, draws                                  # the loop count changed between steps
+    assert counters["stats"]["unique_graphs"] == len(draws) + 1
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    torch._dynamo.reset()
