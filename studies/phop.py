@@ -98,30 +98,6 @@ def model_config(arm: str, K: int, layers: int, n: int, width: int) -> GPTConfig
     return GPTConfig(vocab_size=ALPHABET, block_size=n, n_head=4, n_embd=width, rope_pct=1.0, **shape)
 
 
-def with_loops(model: GPT, K_test: int) -> GPT:
-    """A copy of a recursive `model` that runs its core K_test times (loops at test time). The layers are
-    shared as trained; MeSH's slot count stays as trained, step s uses the router trained at step
-    min(s, K): a loop past the trained K reuses loop K's routers (the last ones, trained to feed the
-    coda), a shorter run stops after its own first K_test loops. The same as model(X, n_loops=K_test), the
-    model's own depth at test time (tested)."""
-    cfg = model.cfg
-    P, n_core, K, Q = cfg.depth
-    layout = f"{P}+{n_core}R{K_test}+{Q}"
-    fields = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__} | dict(layout=layout, max_loops=None)
-    if cfg.state_passing == "mesh":
-        fields["mesh_slots"] = model.cfg.n_slots
-    test = GPT(GPTConfig(**fields))
-    trained = model.state_dict()
-
-    def source(key):                 # "mesh.<kind>.<s>.<w>" -> the router of step min(s, K)
-        if not key.startswith("mesh."):
-            return key
-        _, kind, s, w = key.split(".")
-        return f"mesh.{kind}.{min(int(s), K)}.{w}"
-    test.load_state_dict({key: trained[source(key)] for key in test.state_dict()})
-    return test.eval()
-
-
 @torch.no_grad()
 def accuracy(model, X, targets) -> float:
     """The fraction of scored positions (targets != -1) whose argmax prediction is the target."""

@@ -1,5 +1,5 @@
 """studies/phop.py: the p-hop generator against a slow loop over its definition, the scoring mask,
-steps to learn (a run that never learns counts at the cap), loops at test time for each state passing,
+steps to learn (a run that never learns counts at the cap), the random-depth plan,
 and a tiny run resumed bit-equal to an uninterrupted one."""
 
 import json
@@ -61,37 +61,6 @@ def test_steps_to_learn_and_a_run_that_never_learns():
     assert phop.held([(100, 0.99), (200, 0.995)]) and not phop.held([(100, 0.98), (200, 0.999)])
 
 
-@pytest.mark.parametrize("arm", ["base", "anchor", "mesh"])
-def test_loops_at_test_time(arm):
-    """K' = K gives the trained model's logits; K' > K runs K' loops of the same core (checked against
-    the core applied by hand for base), MeSH reusing loop K's routers; K' < K stops early."""
-    torch.manual_seed(0)
-    model = phop.GPT(phop.model_config(arm, 2, None, 16, 32)).eval()
-    X = torch.randint(phop.ALPHABET, (3, 16))
-    same = phop.with_loops(model, 2)
-    assert torch.equal(same(X)[0], model(X)[0])
-    longer = phop.with_loops(model, 5)
-    assert longer.cfg.n_loops == 5
-    if arm == "mesh":
-        assert longer.cfg.n_slots == model.cfg.n_slots
-        for s in (3, 4, 5):
-            assert torch.equal(longer.mesh.read_routers[s].weight, model.mesh.read_routers[2].weight)
-            assert torch.equal(longer.mesh.write_routers[s].bias, model.mesh.write_routers[2].bias)
-        assert torch.equal(longer.mesh.read_routers[1].weight, model.mesh.read_routers[1].weight)
-    if arm == "base":           # by hand: embed, prelude, the core 5 times, coda, head
-        with torch.no_grad():
-            h = model.wte(X) * model.cfg.n_embd ** 0.5
-            h = model.run_layers(h, model.prelude, 0)
-            for _ in range(5):
-                h = model.run_layers(h, model.core, 0)
-            h = model.run_layers(h, model.coda, 0)
-            torch.testing.assert_close(longer(X)[0], model.lm_head(model.ln_f(h)))
-    assert not torch.allclose(longer(X)[0], model(X)[0])
-    torch.testing.assert_close(longer(X)[0], model(X, n_loops=5)[0])     # the model's own loops at test time
-    shorter = phop.with_loops(model, 1)
-    assert shorter.cfg.n_loops == 1 and shorter(X)[0].shape == model(X)[0].shape
-
-
 def test_a_run_writes_its_json_and_resumes_bit_equal(tmp_path):
     kw = dict(arm="mesh", K=2, layers=None, p=2, n=16, seed=7, width=32, batch_size=8, eval_every=5,
               log=lambda *a: None)
@@ -126,3 +95,17 @@ def test_a_random_depth_run_draws_its_loops_and_measures_up_to_sixteen(tmp_path)
     fixed = phop.run(steps=10, out=str(tmp_path / "b"), ckpt_dir=str(tmp_path / "cb"), **kw | {"loops_sampler": "fixed"})
     assert fixed["history"][-1] != doc["history"][-1]          # the draws changed the training
     assert phop.load_runs(str(tmp_path / "a"), 2) == {}        # never mixed into the fixed-depth tables
+
+
+def test_the_random_depth_plan_pairs_every_finished_seed():
+    """Workers take the plan in order, so after any prefix of whole seeds every passing has the same seeds;
+    the harder p is calibrated by a fixed-depth run before its random-depth runs."""
+    runs = phop.plan_random_depth()
+    p6 = [r for r in runs if r[4] == phop.P]
+    assert all(r[5] == "poisson_lognormal" and r[1] == 4 for r in p6)
+    for k in range(1, len(phop.TEST_SEEDS) + 1):
+        first = p6[:3 * k]
+        assert {(r[0], r[3]) for r in first} == {(a, s) for a in ("base", "mesh", "anchor")
+                                                 for s in phop.TEST_SEEDS[:k]}
+    hard = [r for r in runs if r[4] == phop.HARD_P]
+    assert hard[0][5] == "fixed" and all(r[5] == "poisson_lognormal" for r in hard[1:])
