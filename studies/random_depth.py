@@ -7,6 +7,8 @@ stops looping once its state changes by less than τ, relative):
 1. p-hop (studies/phop.md, p = 6, layout 1+1R4+1): accuracy at K' = 1 .. 16, fixed K = 4 against random
    depth of mean 4 (capped at 16), for base, anchor and MeSH, paired by seed. The gain from looping more
    (accuracy at K' = 16 minus at K' = 4) compared between passings.
+   A harder p (phop.HARD_P = 12, where fixed K = 4 does not learn in 6,000 steps): base and MeSH with random
+   depth, 3 seeds: does looping more at test time solve it?
 2. Adaptive exit on the random-depth p-hop models (no new training): accuracy against the mean loops a
    position ran, over thresholds, beside the same model at fixed K'.
 3. Language modelling at the tiny byte size (config/tiny_mesh.py on the Python manual, 300 steps, MeSH
@@ -63,6 +65,23 @@ def phop_runs(p=phop.P):
             if r["p"] == p and r["K"] == 4 and r["seed"] in phop.TEST_SEEDS:
                 runs.setdefault((r["arm"], r.get("loops_sampler", "fixed")), {})[r["seed"]] = r
     return runs
+
+
+def hard_runs():
+    """The runs at the harder hop count: {"calibration": the fixed K = 4 run(s), (passing, sampler): {seed: run}}."""
+    runs = {}
+    for name in sorted(os.listdir(PHOP_RANDOM)):
+        if name.endswith(".json"):
+            with open(os.path.join(PHOP_RANDOM, name)) as f:
+                r = json.load(f)
+            if r["p"] == phop.HARD_P:
+                runs.setdefault((r["arm"], r.get("loops_sampler", "fixed")), {})[r["seed"]] = r
+    return runs
+
+
+def unscored_fraction(p, n=phop.N):
+    """The fraction of evaluation positions whose p-hop chain ends at position 0 (not scored)."""
+    return (phop.eval_set(n, p)[1] == -1).float().mean().item()
 
 
 @torch.no_grad()
@@ -141,7 +160,26 @@ def by_seed(runs, value):
     return {s: value(r) for s, r in runs.items()}
 
 
-def summarise(runs, lm):
+def at_equal_loops(mean_loops, at_K):
+    """The same model at fixed K' of equal mean loops: at_K {"K'": value} read linearly between measured K'."""
+    ks = sorted(at_K, key=int)
+    return float(np.interp(mean_loops, [int(k) for k in ks], [at_K[k] for k in ks]))
+
+
+def exit_table(curves, at_K, value):
+    """Per τ, over seeds: mean loops, the value at exit, and exit minus fixed K' at equal mean loops (paired).
+    curves {seed: [{"threshold", "mean_loops", value}]}, at_K {seed: {"K'": value}}."""
+    rows = []
+    for i, tau in enumerate(THRESHOLDS):
+        points = {s: c[i] for s, c in curves.items()}
+        fixed = {s: at_equal_loops(pt["mean_loops"], at_K[s]) for s, pt in points.items()}
+        rows.append(dict(threshold=tau, mean_loops=float(np.mean([pt["mean_loops"] for pt in points.values()])),
+                         value=float(np.mean([pt[value] for pt in points.values()])),
+                         minus_fixed=paired_stats({s: pt[value] for s, pt in points.items()}, fixed)))
+    return rows
+
+
+def summarise(runs, lm, exits=None, hard=None):
     """The report's dict: p-hop accuracy at K' per passing and sampler (mean over seeds, random - fixed
     paired by seed), the gain from looping more (K' = 16 vs 4) between passings, the exit curves; LM bits
     per byte at K' (random - fixed, paired) and its exit curves."""
@@ -171,9 +209,31 @@ def summarise(runs, lm):
     lm_vs = {k: paired_stats(by_seed(lm_a, lambda d: d["bits_per_byte_at_K"][k]),
                              by_seed(lm_b, lambda d: d["bits_per_byte_at_K"][k]))
              for k in map(str, LM_KS)} if set(lm_a) & set(lm_b) else {}
+    exit_rows = {}
+    for passing in PASSINGS:
+        rs = {s: r for s, r in runs.get((passing, SAMPLER), {}).items() if r.get("name") in (exits or {})}
+        if rs:
+            exit_rows[passing] = exit_table({s: exits[r["name"]] for s, r in rs.items()},
+                                            {s: r["test_time_K"] for s, r in rs.items()}, "accuracy")
+    lm_exits = {}
+    for sampler in ("fixed", SAMPLER):
+        rs = {d["seed"]: d for d in lm if d["sampler"] == sampler}
+        if rs:
+            lm_exits[sampler] = exit_table({s: d["exits"] for s, d in rs.items()},
+                                           {s: d["bits_per_byte_at_K"] for s, d in rs.items()}, "bits_per_byte")
+    hard_doc = {}
+    for (passing, sampler), rs in sorted((hard or {}).items()):
+        ks = [k for k in map(str, phop.MEASURED_KS) if all(k in r["test_time_K"] for r in rs.values())]
+        hard_doc[f"{passing} {sampler}"] = dict(
+            seeds=sorted(rs), learned=sum(r["learned"] for r in rs.values()),
+            steps_to_learn=by_seed(rs, lambda r: r["steps_to_learn"]),
+            accuracy_at_K={k: sum(r["test_time_K"][k] for r in rs.values()) / len(rs) for k in ks},
+            best_K={s: max(ks, key=lambda k: r["test_time_K"][k]) for s, r in rs.items()})
     return dict(phop_accuracy_at_K=phop_K, phop_random_minus_fixed=random_vs_fixed,
                 phop_gain_16_minus_4=gain, phop_gain_between_passings=passings, phop_steps_to_learn=steps,
-                lm_bits_per_byte_at_K=lm_K, lm_random_minus_fixed=lm_vs)
+                phop_exit_vs_fixed=exit_rows, lm_bits_per_byte_at_K=lm_K, lm_random_minus_fixed=lm_vs,
+                lm_exit_vs_fixed=lm_exits, hard_p=dict(p=phop.HARD_P, unscored=unscored_fraction(phop.HARD_P),
+                                                       unscored_at_p6=unscored_fraction(phop.P), runs=hard_doc))
 
 
 def interval(s, fmt="{:+.3f}"):
@@ -200,6 +260,20 @@ def markdown(doc):
     lines += ["", "The gain from looping more, random depth (accuracy at K' = 16 minus at K' = 4), between "
               "passings, paired by seed:", ""]
     lines += [f"- {label}: {interval(s)}" for label, s in doc["phop_gain_between_passings"].items()]
+    lines += ["", "## p-hop: adaptive exit on the random-depth models (up to 16 loops), mean over seeds", "",
+              "Exit minus the same model at fixed K' of equal mean loops (read linearly between measured K'), "
+              "paired by seed:", "", "| passing | τ | mean loops | accuracy | exit - fixed K' |", "|---|---|---|---|---|"]
+    for passing, rows in doc["phop_exit_vs_fixed"].items():
+        lines += [f"| {passing} | {r['threshold']:g} | {r['mean_loops']:.2f} | {r['value']:.3f} | "
+                  f"{interval(r['minus_fixed'])} |" for r in rows]
+    hard = doc["hard_p"]
+    lines += ["", f"## p-hop at p = {hard['p']} ({hard['unscored']:.1%} of positions unscored; "
+              f"{hard['unscored_at_p6']:.1%} at p = 6): accuracy at K', mean over seeds", "",
+              "| passing, training | seeds | learned | " + " | ".join(f"K' = {k}" for k in ks) + " |",
+              "|---|---|---|" + "---|" * len(ks)]
+    for arm, h in hard["runs"].items():
+        lines.append(f"| {arm} | {len(h['seeds'])} | {h['learned']} | " +
+                     " | ".join(f"{h['accuracy_at_K'][k]:.3f}" if k in h["accuracy_at_K"] else "–" for k in ks) + " |")
     lines += ["", "## Language modelling (tiny MeSH, Python manual): bits per byte at K' loops", "",
               "| training | " + " | ".join(f"K' = {k}" for k in map(str, LM_KS)) + " |", "|---|" + "---|" * len(LM_KS)]
     for sampler, bpb in doc["lm_bits_per_byte_at_K"].items():
@@ -207,11 +281,17 @@ def markdown(doc):
     if doc["lm_random_minus_fixed"]:
         lines.append("| random - fixed | " + " | ".join(interval(doc["lm_random_minus_fixed"][k], "{:+.4f}")
                                                       for k in map(str, LM_KS)) + " |")
+    lines += ["", "Adaptive exit (up to 8 loops) minus the same model at fixed K' of equal mean loops, paired by seed:",
+              "", "| training | τ | mean loops | bits per byte | exit - fixed K' |", "|---|---|---|---|---|"]
+    for sampler, rows in doc["lm_exit_vs_fixed"].items():
+        lines += [f"| {sampler} | {r['threshold']:g} | {r['mean_loops']:.2f} | {r['value']:.4f} | "
+                  f"{interval(r['minus_fixed'], '{:+.4f}')} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
-def figures(doc, runs, exits, lm):
-    """One figure a question: p-hop accuracy at K'; the p-hop exit curves; LM bits per byte at K' and exits."""
+def figures(doc, runs, exits, lm, hard=None):
+    """One figure a question: p-hop accuracy at K'; the p-hop exit curves; the harder p at K'; LM bits per
+    byte at K' and exits."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -251,6 +331,22 @@ def figures(doc, runs, exits, lm):
     fig.tight_layout()
     fig.savefig(os.path.join(OUT, "phop_exit.png"), dpi=120)
     plt.close(fig)
+
+    if hard:
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for (passing, sampler), rs in sorted(hard.items()):
+            ks = [k for k in phop.MEASURED_KS if all(str(k) in r["test_time_K"] for r in rs.values())]
+            for s, r in sorted(rs.items()):
+                ax.plot(ks, [r["test_time_K"][str(k)] for k in ks], color=colors[passing], marker="o", ms=3,
+                        ls="-" if sampler != "fixed" else "--", lw=1,
+                        label=f"{passing}, {'random depth' if sampler != 'fixed' else 'fixed K = 4'}, seed {s}")
+        ax.axvline(4, color="gray", lw=0.5)
+        ax.set(xscale="log", xticks=phop.MEASURED_KS, xticklabels=phop.MEASURED_KS, xlabel="loops at test time K'",
+               ylabel="accuracy (scored positions)", title=f"p-hop, p = {phop.HARD_P}: does looping more solve it?")
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(os.path.join(OUT, "phop_hard.png"), dpi=120)
+        plt.close(fig)
 
     if not lm:
         return
@@ -293,12 +389,13 @@ def report():
             if os.path.exists(os.path.join(LM_CKPTS, lm_name(sampler, seed), "ckpt.pt")):
                 lm.append(lm_evaluate(sampler, seed))
                 print(f"lm: {lm[-1]['name']}")
-    doc = dict(summarise(runs, lm), phop_exits=exits, commit=git_commit())
+    hard = hard_runs()
+    doc = dict(summarise(runs, lm, exits, hard), phop_exits=exits, commit=git_commit())
     with open(os.path.join(OUT, "report.json"), "w") as f:
         json.dump(doc, f, indent=1)
     with open(os.path.join(OUT, "report.md"), "w") as f:
         f.write(markdown(doc))
-    figures(doc, runs, exits, lm)
+    figures(doc, runs, exits, lm, hard)
     print(markdown(doc))
 
 

@@ -60,3 +60,14 @@ def test_summary_pairs_random_with_fixed_by_seed():
     assert doc["phop_accuracy_at_K"]["base fixed"]["4"] == pytest.approx(0.24)
     assert doc["phop_gain_16_minus_4"]["base"] == pytest.approx({0: 0.12, 1: 0.12, 2: 0.12})
     assert "| base | +0.400 [" in random_depth.markdown(doc)
+
+
+def test_exit_is_compared_with_fixed_depth_at_equal_mean_loops(monkeypatch):
+    at_K = {"1": 0.5, "2": 0.7, "4": 0.9, "8": 0.8}
+    assert random_depth.at_equal_loops(3.0, at_K) == pytest.approx(0.8)      # halfway from K' = 2 to 4
+    assert random_depth.at_equal_loops(6.0, at_K) == pytest.approx(0.85)
+    curves = {0: [dict(mean_loops=3.0, accuracy=0.9)], 1: [dict(mean_loops=1.5, accuracy=0.7)]}
+    monkeypatch.setattr(random_depth, "THRESHOLDS", (0.3,))
+    (row,) = random_depth.exit_table(curves, {0: at_K, 1: at_K}, "accuracy")
+    assert row["mean_loops"] == pytest.approx(2.25) and row["value"] == pytest.approx(0.8)
+    assert row["minus_fixed"]["diff"] == pytest.approx(((0.9 - 0.8) + (0.7 - 0.6)) / 2)
