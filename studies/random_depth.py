@@ -53,8 +53,9 @@ LM_SEEDS, LM_KS, LM_MAX_LOOPS = (0, 1, 2), (1, 2, 3, 4, 6, 8), 8
 # -----------------------------------------------------------------------------
 # p-hop: the finished runs (studies/phop.py) and exits on the random-depth checkpoints
 
-def phop_runs(p=phop.P):
-    """{(passing, sampler): {seed: run dict}} of the finished K = 4 runs at hop count p."""
+def phop_runs(p=phop.P, seeds=phop.TEST_SEEDS):
+    """{(passing, sampler): {seed: run dict}} of the finished K = 4 runs at hop count p, of the given
+    seeds (None: every seed, as the harder p's calibration run, seed 100)."""
     runs = {}
     for folder in (PHOP_FIXED, PHOP_RANDOM):
         for name in sorted(os.listdir(folder)):
@@ -62,19 +63,7 @@ def phop_runs(p=phop.P):
                 continue
             with open(os.path.join(folder, name)) as f:
                 r = json.load(f)
-            if r["p"] == p and r["K"] == 4 and r["seed"] in phop.TEST_SEEDS:
-                runs.setdefault((r["arm"], r.get("loops_sampler", "fixed")), {})[r["seed"]] = r
-    return runs
-
-
-def hard_runs():
-    """The runs at the harder hop count: {"calibration": the fixed K = 4 run(s), (passing, sampler): {seed: run}}."""
-    runs = {}
-    for name in sorted(os.listdir(PHOP_RANDOM)):
-        if name.endswith(".json"):
-            with open(os.path.join(PHOP_RANDOM, name)) as f:
-                r = json.load(f)
-            if r["p"] == phop.HARD_P:
+            if r["p"] == p and r["K"] == 4 and (seeds is None or r["seed"] in seeds):
                 runs.setdefault((r["arm"], r.get("loops_sampler", "fixed")), {})[r["seed"]] = r
     return runs
 
@@ -181,8 +170,9 @@ def exit_table(curves, at_K, value):
 
 def summarise(runs, lm, exits=None, hard=None):
     """The report's dict: p-hop accuracy at K' per passing and sampler (mean over seeds, random - fixed
-    paired by seed), the gain from looping more (K' = 16 vs 4) between passings, the exit curves; LM bits
-    per byte at K' (random - fixed, paired) and its exit curves."""
+    paired by seed), the gain from looping more (K' = 16 vs 4) between passings, the exit curves against
+    fixed K' at equal mean loops (exits {run name: curve}); LM bits per byte at K' (random - fixed,
+    paired) and its exit curves; the harder p's runs (hard, as phop_runs) and its unscored fraction."""
     phop_K = {}
     for (passing, sampler), rs in sorted(runs.items()):
         ks = [k for k in map(str, phop.MEASURED_KS) if all(k in r["test_time_K"] for r in rs.values())]
@@ -389,7 +379,7 @@ def report():
             if os.path.exists(os.path.join(LM_CKPTS, lm_name(sampler, seed), "ckpt.pt")):
                 lm.append(lm_evaluate(sampler, seed))
                 print(f"lm: {lm[-1]['name']}")
-    hard = hard_runs()
+    hard = phop_runs(phop.HARD_P, seeds=None)
     doc = dict(summarise(runs, lm, exits, hard), phop_exits=exits, commit=git_commit())
     with open(os.path.join(OUT, "report.json"), "w") as f:
         json.dump(doc, f, indent=1)
