@@ -3,7 +3,7 @@ Speed and memory of every variant, measured side by side in ONE process: each me
 robin over the variants (A, B, C, A, B, C, ...), repeated, and a ratio is the median over rounds of the
 per-round ratio, so load from other processes hits both sides of every ratio alike.
 
-    python bench.py                          # tiny models; under 2 minutes on 2 CPU cores
+    python bench.py                          # tiny models; about 2.5 minutes on 2 CPU cores
     python bench.py --size 160m --device cuda     # the 160M MeSH family and SmolLM2-135M T²MLR, bf16
     python bench.py --repeats 9 --out bench.json
 
@@ -29,6 +29,8 @@ Measurements, each the median of --repeats rounds after --warmup rounds:
 - decode: ms per token with the KV cache, 64 new tokens (greedy) after a 64-token prompt, batch 1; base
   recursion and MeSH again at --exit_threshold (a position stops looping once its state changes by less
   than it): the mean loops a new token ran and the time per token against the same model at full depth;
+- batched generation: 16 prompts of different lengths (tiny 8..64 tokens), 16 new tokens each (greedy), as
+  one left-padded batch (GPT.generate) against one prompt at a time, per variant, in tokens per second;
 - prefill: T²MLR's exact (token by token) prefill of 4 x 64 tokens into a cache, against the plain model's;
 - T²MLR options, against the fixed-D Jacobi model with the same weights: a Jacobi step with jacobi_tol (the
   middle-layer passes it used and its time), sweep checkpointing (jacobi_checkpoint: memory and time), and
@@ -62,13 +64,13 @@ from support.process import keeps_process_state
 
 # Model shapes per size. "neox" holds the MeSH family's shared fields, "llama" the T²MLR family's.
 SIZES = {
-    "tiny": dict(batch=4, seq=256, prompt=64, new_tokens=64, prefill_batch=4, matmul=2048,
+    "tiny": dict(batch=4, seq=256, prompt=64, new_tokens=64, prefill_batch=4, matmul=2048, gen=(16, 8, 64, 16),
                  prefill_lengths=(64, 256, 1024),
                  neox=dict(flavour="neox", vocab_size=320, n_embd=128, n_head=4),
                  vanilla=dict(n_layer=8), recursive=dict(layout="2+2R2+2"),
                  llama=dict(flavour="llama", vocab_size=512, n_embd=128, n_head=4, n_layer=8, mlp_hidden=512),
                  t2mlr=dict(l_start=2, l_end=5)),
-    "160m": dict(batch=8, seq=1024, prompt=64, new_tokens=64, prefill_batch=4, matmul=8192,
+    "160m": dict(batch=8, seq=1024, prompt=64, new_tokens=64, prefill_batch=4, matmul=8192, gen=(16, 16, 256, 64),
                  prefill_lengths=(64, 256, 1024),
                  neox=dict(flavour="neox", vocab_size=50304, n_embd=768, n_head=12),
                  vanilla=dict(n_layer=12), recursive=dict(layout="2+4R2+2"),
@@ -76,6 +78,7 @@ SIZES = {
                             mlp_hidden=1536, rope_theta=100000.0),
                  t2mlr=dict(l_start=12, l_end=17)),
 }
+GENERATION = ("vanilla", "base", "mesh", "plain", "t2mlr")      # the variants of the batched-generation row
 BASELINE = {"vanilla": "vanilla", "base": "vanilla", "mesh": "vanilla", "plain": "plain", "t2mlr": "plain",
             "t2mlr_tol": "plain", "t2mlr_ckpt": "plain"}
 # the reference code (github.com/princeton-pli/T2MLR), timed by us on CPU in this tiny setting with a harness
@@ -180,6 +183,21 @@ def decode_fn(model, prompt, new_tokens, device, autocast, exit_threshold=None):
             sync(device)
         return {"per_token": (time.perf_counter() - t0) / new_tokens, "loops": statistics.mean(loops)}
     return decode
+
+
+def generate_fn(model, prompts, new_tokens, device, autocast, batched):
+    """Greedy GPT.generate of new_tokens after each of `prompts` (1-D, of different lengths): all of them as one
+    left-padded batch, or one prompt at a time."""
+    @torch.no_grad()
+    def generate():
+        sync(device)
+        t0 = time.perf_counter()
+        with autocast:
+            for batch in [prompts] if batched else [[p] for p in prompts]:
+                model.generate(batch, new_tokens, temperature=0)
+        sync(device)
+        return {"generate": time.perf_counter() - t0}
+    return generate
 
 
 def prefill_fn(model, idx, device, autocast, mode=None, tol=0.0):
@@ -378,7 +396,7 @@ def run(
         passes.append(counter.n)
         return times
     fns["t2mlr_tol"] = step_tol_counted
-    t = interleaved(fns, repeats, warmup, "1/5 training steps")
+    t = interleaved(fns, repeats, warmup, "1/6 training steps")
     mm = t.pop("matmul")["matmul"]
     peak = 2 * s["matmul"] ** 3 / statistics.median(mm)
     result["matmul_peak_flops"] = peak
@@ -425,7 +443,7 @@ def run(
         {n: decode_fn(m, prompt, s["new_tokens"], device, autocast) for n, m in models.items()},
         repeats,
         warmup,
-        "2/5 decoding",
+        "2/6 decoding",
     )
     for n, v in result["variants"].items():
         v["decode_ms_per_token"] = 1e3 * statistics.median(t[n]["per_token"])
@@ -436,18 +454,35 @@ def run(
     for n in ("base", "mesh"):
         fns[n] = decode_fn(models[n], prompt, s["new_tokens"], device, autocast)
         fns[n + "_exit"] = decode_fn(models[n], prompt, s["new_tokens"], device, autocast, exit_threshold)
-    t = interleaved(fns, repeats, warmup, "2/5 decoding at an exit threshold")
+    t = interleaved(fns, repeats, warmup, "2/6 decoding at an exit threshold")
     result["exit_decode"] = {"exit_threshold": exit_threshold, "loops_full": models["base"].cfg.n_loops}
     for n in ("base", "mesh"):
         result["exit_decode"][n] = {"mean_loops": statistics.mean(t[f"{n}_exit"]["loops"]),
                                     "ms_per_token": 1e3 * statistics.median(t[f"{n}_exit"]["per_token"]),
                                     "vs_full": ratio(t[f"{n}_exit"]["per_token"], t[n]["per_token"])}
 
+    # batched generation: prompts of different lengths in one batch against one at a time
+    n_prompts, shortest, longest, new_tokens = s["gen"]
+    lengths = torch.linspace(shortest, longest, n_prompts).round().long().tolist()
+    prompts = [torch.randint(vocab, (n,), generator=gen).to(device) for n in lengths]
+    fns = {}
+    for n in GENERATION:
+        fns[n] = generate_fn(models[n], prompts, new_tokens, device, autocast, batched=True)
+        fns[n + "_alone"] = generate_fn(models[n], prompts, new_tokens, device, autocast, batched=False)
+    t = interleaved(fns, max(3, repeats // 2), 1, "3/6 batched generation")
+    result["batched_generation"] = {"prompts": n_prompts, "lengths": [shortest, longest], "new_tokens": new_tokens}
+    for n in GENERATION:
+        tokens = n_prompts * new_tokens
+        result["batched_generation"][n] = {
+            "batched_tok_s": tokens / statistics.median(t[n]["generate"]),
+            "alone_tok_s": tokens / statistics.median(t[n + "_alone"]["generate"]),
+            "speedup": ratio(t[n + "_alone"]["generate"], t[n]["generate"])}
+
     # prefill: T²MLR exact (token by token) against the plain model
     idx = torch.randint(vocab, (s["prefill_batch"], s["prompt"]), generator=gen).to(device)
     t = interleaved(
         {n: prefill_fn(models[n], idx, device, autocast) for n in ("plain", "t2mlr")}, repeats, warmup,
-        "3/5 exact prefill",
+        "4/6 exact prefill",
     )
     result["prefill"] = {
         "tokens": list(idx.shape),
@@ -470,7 +505,7 @@ def run(
             {m: prefill_fn(t2, idx, device, autocast, m, prefill_tol) for m in ("exact", "converged")},
             repeats,
             warmup,
-            f"4/5 Jacobi prefill, {n_tokens} tokens",
+            f"5/6 Jacobi prefill, {n_tokens} tokens",
         )
         result["jacobi_prefill"].append({"tokens": n_tokens, "passes": used, "max_logit_diff": diff,
                                          "exact_ms": 1e3 * statistics.median(t["exact"]["prefill"]),
@@ -480,7 +515,7 @@ def run(
     # tokenizer throughput
     fns, n_tokens = tokenizer_fns() if tokenizer else (None, 0)
     if fns:
-        t = interleaved(fns, repeats, 1, "5/5 tokenizer")
+        t = interleaved(fns, repeats, 1, "6/6 tokenizer")
         result["tokenizer"] = {
             "tokens": n_tokens,
             **{f"{n}_tok_s": n_tokens / statistics.median(t[n]["tokenize"]) for n in fns},
@@ -549,6 +584,15 @@ def markdown(r):
         "depth): " + "; ".join(f"{n} {e[n]['mean_loops']:.2f} loops per new token, {e[n]['ms_per_token']:.2f} "
                               f"ms/token ({e[n]['vs_full']:.2f}× its full depth)" for n in ("base", "mesh")) + ".",
     ]
+    g = r["batched_generation"]
+    lines += [
+        "",
+        f"| generation: {g['prompts']} prompts of {g['lengths'][0]}..{g['lengths'][1]} tokens, "
+        f"{g['new_tokens']} new each (greedy) | one batch, tok/s | one at a time, tok/s | speed-up |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {n} | {g[n]['batched_tok_s']:.0f} | {g[n]['alone_tok_s']:.0f} | {g[n]['speedup']:.2f}× |"
+              for n in GENERATION]
     o = r["jacobi_options"]
     lines += [
         "",

@@ -1,15 +1,13 @@
-"""
-One file, every variant: a vanilla GPT, recursive transformers with MeSH (arXiv 2510.07739), and
-T²MLR (arXiv 2607.15178). The README holds the equations (M1)-(M2), (T1)-(T3), each once; the
-comments cite them and the papers' sections, and give shapes: B batch, T positions of this call,
-C = n_embd, V vocabulary. "The reference" is the public T²MLR code (github.com/princeton-pli/T2MLR);
-"our reading" marks a choice the papers leave open. test_equivalence.py checks every variant against
-slow, obvious definitions in float64. Needs only torch (GPT.from_pretrained and `python model.py`
-import the rest of the repository).
-"""
+"""One file, every variant: a vanilla GPT, recursive transformers with MeSH (arXiv 2510.07739), and
+T²MLR (arXiv 2607.15178). Comments cite the README's equations (M1)-(M2), (T1)-(T3) and the papers'
+sections, and give shapes: B batch, T positions of this call, C = n_embd, V vocabulary. "The
+reference" is the public T²MLR code (github.com/princeton-pli/T2MLR); "our reading", a choice the
+papers leave open. test_equivalence.py checks every variant against slow definitions in float64.
+Needs only torch (GPT.from_pretrained and `python model.py` import the rest of the repository)."""
 
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,12 +20,13 @@ import torch.nn.functional as F
 # The transformer layer: attention with rotary and an optional KV cache, the MLP
 
 class InferenceCache:
-    """Carried between generation's calls: `layers`, one dict per layer application (a core layer
-    looped K times has K), "k" and "v" (B, n_kv_head, length, hs) so far, which Layer.attention
-    extends; `length`, the positions processed (the next one's); `R`, T²MLR's R_{t-1} (B, 1, C)."""
+    """Carried between generation's calls: `layers`, a dict per layer application (K per looped core
+    layer) of "k", "v" (B, n_kv_head, length, hs); `length`, the columns so far; `R`, T²MLR's
+    R_{t-1} (B, 1, C); `offsets` (B, 1), the left pads (position = column - offsets)."""
 
-    def __init__(self, n_applications: int):
+    def __init__(self, n_applications: int, offsets: Optional[torch.Tensor] = None):
         self.layers, self.length, self.R = [{} for _ in range(n_applications)], 0, None
+        self.offsets = 0 if offsets is None or not offsets.any() else offsets[:, None]
 
 
 class Layer(nn.Module):
@@ -40,8 +39,7 @@ class Layer(nn.Module):
         self.head_dim, hidden = C // cfg.n_head, cfg.mlp_hidden
         self.parallel, self.swiglu = cfg.flavour == "neox", cfg.flavour == "llama"
         Norm = nn.LayerNorm if self.parallel else nn.RMSNorm          # the flavour's norm
-        # attention()'s weights (q, k, v fused; the output) and feed_forward()'s, grouped as the
-        # checkpoints name them: attn.qkv, attn.proj, mlp.up, mlp.down
+        # weights as checkpoints name them: attn.qkv (q, k, v fused), attn.proj, mlp.up, mlp.down
         self.ln1 = Norm(C, eps=cfg.norm_eps)
         self.attn = nn.ModuleDict({
             "qkv": nn.Linear(C, C + 2 * self.n_kv_head * self.head_dim, bias=cfg.bias),
@@ -51,21 +49,17 @@ class Layer(nn.Module):
             "up": nn.Linear(C, (2 if self.swiglu else 1) * hidden, bias=cfg.bias),
             "down": nn.Linear(hidden, C, bias=cfg.bias)})
 
-    def forward(self, x, cos, sin, cache=None, held=None):
-        if self.parallel:
-            return x + self.attention(self.ln1(x), cos, sin, cache, held) + \
-                self.feed_forward(self.ln2(x))
-        x = x + self.attention(self.ln1(x), cos, sin, cache, held)
-        return x + self.feed_forward(self.ln2(x))
+    def forward(self, x, cos, sin, cache=None, held=None, pos=0):
+        x_attn = x + self.attention(self.ln1(x), cos, sin, cache, held, pos)
+        return x_attn + self.feed_forward(self.ln2(x if self.parallel else x_attn))
 
-    def attention(self, x, cos, sin, cache: Optional[dict] = None, held=None):
+    def attention(self, x, cos, sin, cache: Optional[dict] = None, held=None, pos=0):
         """Causal self-attention, grouped-query heads (n_kv_head <= n_head), rotary, SDPA: x (B, T,
-        C) at positions pos..pos+T-1, cos/sin (T, 1, rot_dim) for them -> (B, T, C); cache: this
-        layer application's "k", "v" of positions 0..pos-1 ({} if none), extended. held: (done
-        (B, 1, T, 1), the previous loop's cache of this layer): a position done looping serves
-        the keys and values of its last loop (an exit at test time, GPT.recursive_forward)."""
-        B, T, C = x.shape
-        nh, nkv = self.n_head, self.n_kv_head
+        C) at positions pos..pos+T-1 (pos an int, or (B, 1): a key at a position < 0 is a left pad,
+        unseen), cos/sin ((B,) T, 1, rot_dim) for them -> (B, T, C); cache: this layer
+        application's "k", "v" before ({} if none), extended. held: (done (B, 1, T, 1), the last
+        loop's cache): a position done looping serves its last loop's keys (an exit)."""
+        (B, T, C), nh, nkv = x.shape, self.n_head, self.n_kv_head
         qkv = self.attn.qkv(x).view(B, T, nh + 2 * nkv, self.head_dim)
         qk, v = qkv[:, :, :nh + nkv], qkv[:, :, nh + nkv:].transpose(1, 2)   # v (B, nkv, T, hs)
         # rotary (RoPE, NeoX/LLaMA "rotate half") on the first rot_dim dims of q and k: with
@@ -86,8 +80,12 @@ class Layer(nn.Module):
         # causal; a chunk after a cached prefix: query i sees keys 0..past+i (one token: all)
         mask = None if past == 0 or T == 1 else \
             torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0,
-                                           enable_gqa=True)
+        if not isinstance(pos, int):   # left pads (position < 0): unseen, but a pad sees itself
+            col = torch.arange(past + T, device=x.device)          # key columns; queries col[past:]
+            seen = (col <= col[past:, None]) & (col >= past - pos)[:, None]   # (B, T, past+T)
+            mask = (seen | (col == col[past:, None]))[:, None]                 # (B, 1, T, past+T)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True,
+                                           is_causal=past == 0 and mask is None)
         return self.attn.proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
     def feed_forward(self, x):
@@ -136,6 +134,7 @@ CHECKS = {name: rule for names, rule in {
                 lambda c: f"<= l_end = {c.l_end}, both in -{c.n_layer} .. {c.n_layer - 1}"),
     "temperature": ((lambda v, c: v >= 0), ">= 0 (0 = greedy)"),
     "top_k": (lambda v, c: v is None or v >= 1, ">= 1 (sample from the k most likely) or None"),
+    "stop_token": (lambda v, c: v is None or 0 <= v < c.vocab_size, "a token id or None"),
 }.items() for name in names.split()}
 
 
@@ -195,11 +194,9 @@ class GPTConfig:
         # T²MLR's (l_start, l_end) as layer indices; a negative one counts from the end (no wrap)
         self.recurrent_layers = tuple(i + self.n_layer if i < 0 else i
                                       for i in (self.l_start, self.l_end))
-        # "P+CRK+Q" (MeSH's notation) -> (n_prelude, n_core, K, n_coda), e.g. "2+4R2+2" -> (2, 4,
-        # 2, 2); None if malformed; (n_layer, 0, 0, 0) if flat
+        # "P+CRK+Q" -> (n_prelude, n_core, K, n_coda): "2+4R2+2" -> (2, 4, 2, 2); None if malformed
         m = re.fullmatch(r"(\d+)\+(\d+)R(\d+)\+(\d+)", self.layout.replace(" ", ""))
-        self.depth = (tuple(map(int, m.groups())) if m else None) if self.layout else \
-            (self.n_layer, 0, 0, 0)
+        self.depth = m and tuple(map(int, m.groups())) if self.layout else (self.n_layer, 0, 0, 0)
         check(self, **{name: getattr(self, name) for name in CHECKS if hasattr(self, name)})
         self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
         P, n_core, K, Q = self.depth
@@ -222,22 +219,19 @@ class GPT(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.cfg, self.wte = cfg, nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_unique))   # each once, in order
         layers, self.mesh, self.gate = list(self.layers), None, None
         if cfg.layout:      # the layout's groups (MeSH §3.1), plain lists of the registered layers
             P, n_core, K = cfg.depth[:3]
             self.prelude, self.core, self.coda = layers[:P], layers[P:P+n_core], layers[P+n_core:]
             if cfg.state_passing == "mesh":   # (M2): a write and a read router per step k = 0..K
-                def routers():                # Linear(C -> n_slots) each
-                    return nn.ModuleList(nn.Linear(cfg.n_embd, cfg.n_slots)
-                                         for _ in range(cfg.max_loops + 1))
-                self.mesh = nn.ModuleDict({"write_routers": routers(), "read_routers": routers()})
+                self.mesh = nn.ModuleDict({name: nn.ModuleList(   # Linear(C -> n_slots) each
+                    nn.Linear(cfg.n_embd, cfg.n_slots) for _ in range(cfg.max_loops + 1))
+                    for name in ("write_routers", "read_routers")})
         if cfg.t2mlr:       # below l_start, the recurrent l_start..l_end, above l_end
-            start, end, C = *cfg.recurrent_layers, cfg.n_embd
-            self.lower, self.middle = layers[:start], layers[start:end + 1]
-            self.upper = layers[end + 1:]
+            s, e, C = *cfg.recurrent_layers, cfg.n_embd                        # l_start, l_end
+            self.lower, self.middle, self.upper = layers[:s], layers[s:e + 1], layers[e + 1:]
             self.gate = nn.Module()     # holds (T1)'s weights, gate.*; (T1) is GPT.temporal_gate
             # 5C² + 2C + 2 parameters: W_p; A = [A_r; A_x] (2C x 2C, its rows A_r then A_x) on
             # g = [x; r~] with the biases [b_r; b_x]; θ_r, θ_x the global gates (0: an identity)
@@ -273,25 +267,26 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, mode=None, cache=None, control=None, tol: float = 0.0,
                 n_loops=None, loops_backprop=None, exit_threshold=None, exits=None, stats=None):
         """idx (B, T) token ids; targets (B, T), -1 ignored -> (logits (B, T, V), loss or None);
-        cache: an InferenceCache that idx continues, updated in place. T²MLR only: mode "jacobi" (D
-        sweeps: training), "exact" (token by token) or "converged" (sweeps until the state moves
-        less than tol: a prefill), None = "jacobi" in train() without a cache, else "exact";
-        control (B, T): the reference's c_t, 0 pad, 1 non-recurrent, >= 2 recurrent (None: all)."""
-        cfg, pos = self.cfg, cache.length if cache is not None else 0      # position of idx[:, 0]
+        cache: an InferenceCache that idx continues, updated in place. T²MLR: mode "jacobi" (D
+        sweeps: training), "exact" (token by token) or "converged" (sweeps until the state moves <
+        tol: a prefill), None: "jacobi" in train() without a cache, else "exact"; control (B, T):
+        c_t, 0 pad, 1 non-recurrent, >= 2 recurrent."""
+        cfg, pos = self.cfg, 0 if cache is None else cache.length - cache.offsets   # idx[:, 0]'s
         depth = dict(n_loops=n_loops, loops_backprop=loops_backprop, exit_threshold=exit_threshold)
         if {*depth.values(), exits} != {None}:    # recursive only: see recursive_forward
             check(cfg, **depth)
             if not cfg.layout:
                 raise ValueError("n_loops, loops_backprop, exit_threshold, exits: no loops to set")
-        if pos + idx.shape[1] > cfg.block_size:
-            raise ValueError(f"{pos + idx.shape[1]} tokens exceeds block_size = {cfg.block_size}")
+        if (length := (cache.length if cache is not None else 0) + idx.shape[1]) > cfg.block_size:
+            raise ValueError(f"{length} tokens exceeds block_size = {cfg.block_size}")
         if control is not None and control.shape != idx.shape:
             raise ValueError(f"control {tuple(control.shape)} is not idx's {tuple(idx.shape)}")
         h = self.wte(idx) * math.sqrt(cfg.n_embd) if cfg.embed_scale else self.wte(idx)  # (M1)
         if self.gate is not None:                                     # T²MLR: recurrence in time
             mode = mode or ("jacobi" if self.training and cache is None else "exact")
-            h = (self.exact_forward(h, control, cache) if mode == "exact"      # token by token
-                 else self.jacobi_forward(h, control, mode, tol, cache))      # parallel sweeps
+            c = None if control is None else control[..., None]               # c_t (B, T, 1)
+            h = (self.exact_forward(h, pos, c, cache) if mode == "exact"       # token by token
+                 else self.jacobi_forward(h, pos, c, mode, tol, cache))       # parallel sweeps
         elif cfg.layout:                                            # recursive: looped depth (MeSH)
             h = self.recursive_forward(h, pos, cache, exits=exits, stats=stats, **depth)
         else:                                                         # vanilla: every layer once
@@ -305,9 +300,10 @@ class GPT(nn.Module):
         flat = logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, 1)
         return logits, F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)   # any strides
 
-    def rotary(self, dtype, device, pos: int, T: int):
+    def rotary(self, dtype, device, pos, T: int):
         """The rotary tables (cos, sin), each (T, 1, rot_dim = head_dim·rope_pct, even), of the
-        positions pos..pos+T-1: float64 for a float64 stream, else float32; no buffers, no casts."""
+        positions pos..pos+T-1: float64 for a float64 stream, else float32; no buffers, no casts.
+        pos (B, 1) per row: (B, T, 1, rot_dim), a pad's (position < 0) at position 0."""
         key = (torch.promote_types(dtype, torch.float32), device)
         if key not in self.rotary_cache:
             cfg, dtype = self.cfg, key[0]
@@ -316,7 +312,9 @@ class GPT(nn.Module):
             angles = torch.outer(torch.arange(cfg.block_size, dtype=dtype), inv_freq)  # (T, rot/2)
             angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)                 # (T, 1, rot)
             self.rotary_cache[key] = (angles.cos().to(device), angles.sin().to(device))
-        return tuple(table[pos:pos + T] for table in self.rotary_cache[key])
+        at = slice(pos, pos + T) if isinstance(pos, int) else \
+            (pos + torch.arange(T, device=device)).clamp(min=0)          # a pad (position < 0) at 0
+        return tuple(table[at] for table in self.rotary_cache[key])
 
     def run_layers(self, h, layers, pos: int, caches=None, held=None):
         """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1 -> (B, T, C); caches:
@@ -326,7 +324,7 @@ class GPT(nn.Module):
         caches = [None] * len(layers) if caches is None else caches
         done, last = held or (None, caches)
         for layer, cache, previous in zip(layers, caches, last, strict=True):
-            h = layer(h, cos, sin, cache, None if done is None else (done, previous))
+            h = layer(h, cos, sin, cache, None if done is None else (done, previous), pos)
         return h
 
     # ---- depth: recursive transformers (MeSH paper §3; README (M1), (M2)) ------------------------
@@ -334,10 +332,10 @@ class GPT(nn.Module):
     def recursive_forward(self, h_emb, pos: int, cache=None, n_loops=None, loops_backprop=None,
                           exit_threshold=None, exits=None, stats=None):
         """h_emb (B, T, C) -> the coda's output (B, T, C): the prelude, the core K times with the
-        state passing `state_passing` between loops (§3.1) or MeSH's buffer (§3.2), the coda.
-        Depth at test time: n_loops K' instead of K; exit_threshold τ: a position stops looping
-        once its state moves by less than τ, or after the loops `exits` (B, T) gives; stats gets
-        "loops" (B, T). loops_backprop k: only the last k loops carry gradient (training)."""
+        state passing `state_passing` between loops (§3.1) or MeSH's buffer (§3.2), the coda. At
+        test time: n_loops K' instead of K; exit_threshold τ: a position stops looping once its
+        state moves by < τ, or after the loops `exits` (B, T) gives; stats gets "loops" (B, T).
+        loops_backprop k: only the last k loops carry gradient."""
         cfg, mesh = self.cfg, self.cfg.state_passing == "mesh"
         P, n_core, _, Q = cfg.depth                            # layers per group
         K, T = n_loops or cfg.n_loops, h_emb.shape[1]          # loops of the core
@@ -394,8 +392,7 @@ class GPT(nn.Module):
         step = min(step, self.cfg.max_loops)       # a loop past max_loops reuses the last routers
         w_write = F.softmax(self.mesh.write_routers[step](u), dim=-1, dtype=fp32)  # (B, T, n)
         w_read = F.softmax(self.mesh.read_routers[step](u), dim=-1, dtype=fp32)
-        # the write, out of place (autograd), then the read
-        buffer = buffer + w_write.permute(2, 0, 1).unsqueeze(-1) * y
+        buffer = buffer + w_write.permute(2, 0, 1).unsqueeze(-1) * y   # out of place: autograd
         h_next = torch.einsum("btn,nbtc->btc", w_read, buffer)
         return buffer, h_next.to(y.dtype)
 
@@ -418,10 +415,10 @@ class GPT(nn.Module):
         gate.theta_r.zero_()
         gate.theta_x.zero_()
 
-    def temporal_gate(self, x, r, x_part=None, recurrent_tokens=None):
+    def temporal_gate(self, x, r, x_part=None, control=None):
         """(T1), the reference's "gated" mixer: x' from x (B, L, C), the input of l_start, and r =
         R_{t-1} (B, L or 1, C); x_part: gate_x_columns(x), if the caller computed it once; tokens
-        where recurrent_tokens (B, L, 1) is False (control flow, the reference's c_t = 1) pass x."""
+        whose control flow c_t (control (B, L, 1), docs/control_flow.md) is 0 or 1 pass x."""
         gate = self.gate
         r_tilde = gate.W_p(r)                                         # W_p R_{t-1}, (B, L or 1, C)
         if x_part is None:
@@ -432,31 +429,31 @@ class GPT(nn.Module):
         # θ are fp32 master weights; autocast leaves tanh in fp32 (as the reference)
         gamma_r, gamma_x = (torch.tanh(theta).to(x.dtype) for theta in (gate.theta_r, gate.theta_x))
         x_mixed = x + gamma_r * a_r * r_tilde + gamma_x * a_x * x
-        return x_mixed if recurrent_tokens is None else torch.where(recurrent_tokens, x_mixed, x)
+        return x_mixed if control is None else torch.where(control > 1, x_mixed, x)
 
     def gate_x_columns(self, x):
-        """Speed-up: A's x columns and biases on x, A[:, :C] x + b (B, L, 2C), for a caller that
-        runs the gate many times on the same x (every sweep, every token); temporal_gate(x, r,
-        gate_x_columns(x)) equals temporal_gate(x, r): test_gate_x_columns_equal_the_gate."""
+        """Speed-up: A[:, :C] x + b (B, L, 2C), once for a caller that runs the gate many times on x
+        (every sweep, every token): temporal_gate(x, r, gate_x_columns(x)) = temporal_gate(x, r)."""
         return F.linear(x, self.gate.A.weight[:, :x.shape[-1]], self.gate.A.bias)
 
-    def state_update(self, h, R_prev, recurrent_tokens=None):
+    def state_update(self, h, R_prev, control=None):
         """(T2) as the reference writes it: R = s·(h + R_prev), s = clamp(1/rms, 0.2, 5) (1e-6
         inside the rms) a stop-gradient constant; h (B, L, C) the middle output, R_prev (B, L or 1,
-        C) the state read -> R (B, L, C). R = h without recurrent_residual and at non-recurrent
-        tokens."""
-        if not self.cfg.recurrent_residual:
-            return h
-        u = h + (R_prev.detach() if self.cfg.recurrent_detach else R_prev)
-        R = u * u.detach().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
-        return R if recurrent_tokens is None else torch.where(recurrent_tokens, R, h)
+        C) the state read -> R (B, L, C). R = h without recurrent_residual and where c_t = 1; a pad
+        (c_t = 0) keeps R_prev."""
+        R = h
+        if self.cfg.recurrent_residual:
+            u = h + (R_prev.detach() if self.cfg.recurrent_detach else R_prev)
+            R = u * u.detach().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
+        if control is not None:         # c_t = 1 (not recurrent): R = h; c_t = 0 (a pad): R_prev
+            R = torch.where(control > 1, R, torch.where(control > 0, h, R_prev))
+        return R
 
-    def jacobi_forward(self, h_emb, control=None, mode="jacobi", tol: float = 0.0, cache=None):
-        """(T3), h_emb (B, T, C) -> the top output (B, T, C): D sweeps, the last one's output going
-        on, gradient through it and the b before it; a no-grad sweep that moved the state by <= tol
-        of its RMS ends those. "jacobi": the config's D, b, tol; "converged" (a prefill): D = T,
-        b = 0, filling an empty cache. The lower layers run once (the reference reruns them:
-        the same values)."""
+    def jacobi_forward(self, h_emb, pos, c=None, mode="jacobi", tol: float = 0.0, cache=None):
+        """(T3), h_emb (B, T, C) at pos, c (B, T, 1) -> the top output (B, T, C): D sweeps, the
+        last one's output going on, gradient through it and the b before it; a no-grad sweep that
+        moved the state by <= tol of its RMS ends those. "jacobi": the config's D, b, tol;
+        "converged" (a prefill): D = T, b = 0, filling an empty cache. The lower layers run once."""
         cfg = self.cfg
         if mode not in ("jacobi", "converged"):              # "exact" is exact_forward
             raise ValueError(f"mode = {mode!r} must be one of 'jacobi', 'exact', 'converged'")
@@ -468,34 +465,30 @@ class GPT(nn.Module):
                      else (T, 0, tol))       # converged: T sweeps make every position exact
         l_start, l_end = cfg.recurrent_layers
         caches = cache.layers if cache is not None else [None] * cfg.n_layer      # one per layer
-        x = self.run_layers(h_emb, self.lower, 0, caches[:l_start])  # the same in every sweep
-        recurrent_tokens = None if control is None else (control > 1).unsqueeze(-1)
+        x = self.run_layers(h_emb, self.lower, pos, caches[:l_start])  # the same in every sweep
         x_part = self.gate_x_columns(x)                        # the speed-up: once, not every sweep
-        grad = torch.is_grad_enabled()
-
+        grad, converged = torch.is_grad_enabled(), False
         def shift(R):     # R_t written at position t is read by token t + 1; token 0 reads R_{-1}=0
             return F.pad(R[:, :-1], (0, 0, 1, 0))
-
         # R_prev = R^(j-1), from R^(0) = 0 or the unmixed middle output shifted (init "plain")
         if cfg.jacobi_init == "plain":
             with torch.set_grad_enabled(grad and b >= D):
-                R_prev = shift(self.run_layers(x, self.middle, 0))
+                R_prev = shift(self.run_layers(x, self.middle, pos))
         else:
             R_prev = torch.zeros_like(x)
-        converged = False
         for j in range(1, D + 1):       # sweep j: R^(j) from R^(j-1), every position at once
             keep_grad, final = j >= D - min(b, D - 1), j == D   # the final one, the b before it
             if converged and not keep_grad:
                 continue                               # tol reached: on to the gradient sweeps
             with torch.set_grad_enabled(grad and keep_grad):
-                x_mixed = self.temporal_gate(x, R_prev, x_part, recurrent_tokens)             # (T1)
+                x_mixed = self.temporal_gate(x, R_prev, x_part, c)                          # (T1)
                 if grad and keep_grad and cfg.jacobi_checkpoint and not final:   # less memory:
                     h = torch.utils.checkpoint.checkpoint(      # recomputed in backward, more time
-                        self.run_layers, x_mixed, self.middle, 0, use_reentrant=False)
+                        self.run_layers, x_mixed, self.middle, pos, use_reentrant=False)
                 else:             # the final sweep fills the middle layers' caches, if any
-                    h = self.run_layers(x_mixed, self.middle, 0,
+                    h = self.run_layers(x_mixed, self.middle, pos,
                                         caches[l_start:l_end + 1] if final else None)
-                R = self.state_update(h, R_prev, recurrent_tokens)                          # (T2)
+                R = self.state_update(h, R_prev, c)                                         # (T2)
             if not final:
                 R_next = shift(R)
                 converged = tol > 0 and not keep_grad and \
@@ -503,30 +496,26 @@ class GPT(nn.Module):
                 R_prev = R_next
         if cache is not None:
             cache.R = R[:, -1:]                                # R_{T-1}: decoding continues from it
-        return self.run_layers(h, self.upper, 0, caches[l_end + 1:])
+        return self.run_layers(h, self.upper, pos, caches[l_end + 1:])
 
-    def exact_forward(self, h_emb, control=None, cache=None):
-        """The exact recurrence, h_emb (B, T, C) -> the top output (B, T, C): the middle layers
-        token by token, each reading the R_{t-1} and the keys written before it; a span where no
-        row is recurrent (a prompt) goes in one chunk. The state continues from cache.R."""
+    def exact_forward(self, h_emb, pos, c=None, cache=None):
+        """The exact recurrence, h_emb (B, T, C) at pos, c (B, T, 1) -> the top output (B, T, C):
+        the middle layers token by token, each reading the R_{t-1} and the keys written before it;
+        a span where no row is recurrent (a prompt) goes in one chunk. R continues from cache.R."""
         B, T, C = h_emb.shape
-        pos = cache.length if cache is not None else 0
         l_start, l_end = self.cfg.recurrent_layers
         caches = cache.layers if cache is not None else [None] * self.cfg.n_layer   # one per layer
         x = self.run_layers(h_emb, self.lower, pos, caches[:l_start])
         # the middle layers' KV caches: each token attends to the keys of those before it
-        middle_caches = caches[l_start:l_end + 1] if cache is not None else \
-            [{} for _ in self.middle]
-        recurrent_tokens = None if control is None else (control > 1).unsqueeze(-1)
+        middle_caches = caches[l_start:l_end + 1] if cache else [{} for _ in self.middle]
         x_part = self.gate_x_columns(x)                        # the speed-up: once, not every token
         R = cache.R if cache is not None and cache.R is not None else x.new_zeros(B, 1, C)
-        # the chunks: one token each, except that a span where no row is recurrent is one chunk
-        reads = [True] * T if recurrent_tokens is None else \
-            recurrent_tokens.any(dim=0).view(-1).tolist()
-        chunk_starts = [t for t in range(T) if t == 0 or reads[t] or reads[t - 1]]
+        # chunks: a token alone where a row has c_t >= 2, else a span of unchanged c_t (a prompt)
+        cols = [(2,)] * T if c is None else [tuple(v) for v in c[:, :, 0].T.tolist()]
+        chunk_starts = [t for t in range(T) if t == 0 or max(cols[t]) > 1 or cols[t] != cols[t - 1]]
         outputs = []
         for t, stop in zip(chunk_starts, chunk_starts[1:] + [T]):
-            chunk = None if recurrent_tokens is None else recurrent_tokens[:, t:stop]
+            chunk = None if c is None else c[:, t:stop]
             x_mixed = self.temporal_gate(x[:, t:stop], R, x_part[:, t:stop], chunk)         # (T1)
             h_t = self.run_layers(x_mixed, self.middle, pos + t, middle_caches)
             R = self.state_update(h_t, R, chunk)[:, -1:]                  # (T2): R_t, (B, 1, C)
@@ -538,35 +527,42 @@ class GPT(nn.Module):
     # ---- generation -------------------------------------------------------------
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: Optional[int] = None, generator: Optional[torch.Generator] = None,
-                 recurrent_prompt: bool = False, prefill: str = "exact", prefill_tol: float = 0.0,
-                 n_loops: Optional[int] = None, exit_threshold: Optional[float] = None,
-                 stats: Optional[dict] = None):
-        """Continue idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), each
-        from the last logits on the last block_size tokens: a KV cache while the sequence fits, a
-        recomputed window once it slides. temperature 0 = greedy; top_k keeps the k most likely.
-        T²MLR: the prompt is non-recurrent (c = 1, as the reference generates) unless
-        recurrent_prompt (c = 2), prefilled "exact" or "converged"; new tokens recurrent, exact.
-        Recursive: n_loops, exit_threshold as in recursive_forward; stats gets "mean_loops", the
-        mean loops of every position run (prompt and new tokens)."""
-        check(prefill=prefill, prefill_tol=prefill_tol, temperature=temperature, top_k=top_k)
+    def generate(self, prompts, max_new_tokens: int, temperature: float = 1.0, top_k=None,
+                 generator=None, recurrent_prompt=False, prefill="exact", prefill_tol=0.0,
+                 lengths=None, n_loops=None, exit_threshold=None, stop_token=None, stats=None):
+        """Continue each prompt by up to max_new_tokens sampled tokens. prompts: a list of 1-D id
+        tensors -> a list, each prompt and its continuation (through stop_token); or (B, T), row
+        b's prompt its last lengths[b] columns -> (B, T + new), stopped rows filled with stop_token.
+        Left pads are masked out of attention, keep the T²MLR state (c = 0) and do not move a row's
+        positions: a row gets what it gets alone. temperature 0: greedy; top_k: the k most likely.
+        T²MLR: the prompt c = 1 (as the reference) or recurrent_prompt c = 2, prefilled "exact" or
+        "converged". n_loops, exit_threshold: recursive_forward's; stats["mean_loops"] of tokens."""
+        check(self.cfg, prefill=prefill, prefill_tol=prefill_tol, temperature=temperature,
+              top_k=top_k, stop_token=stop_token)
+        listed, window = isinstance(prompts, (list, tuple)), self.cfg.block_size
+        idx = nn.utils.rnn.pad_sequence(prompts, True, padding_side="left") if listed else prompts
+        B, T = idx.shape
+        lengths = torch.as_tensor([len(p) for p in prompts] if listed else
+                                  [T] * B if lengths is None else lengths, device=idx.device)
+        if lengths.shape != (B,) or not ((lengths >= 1) & (lengths <= T)).all():
+            raise ValueError(f"prompt lengths {lengths.tolist()} must be one per row, in 1..{T}")
+        if lengths.max() > window:
+            warnings.warn(f"a {int(lengths.max())}-token prompt > block_size: last {window} kept")
         P, n_core, K, Q = self.cfg.depth                  # a flat stack: (n_layer, 0, 0, 0)
-        cache, runs = InferenceCache(P + n_core * (n_loops or K) + Q), []  # keys, values; R
-        control = torch.full_like(idx, 2 if recurrent_prompt else 1)   # (B, T), grows with idx
-        depth, window = dict(n_loops=n_loops, exit_threshold=exit_threshold), self.cfg.block_size
+        real = torch.arange(T, device=idx.device) >= T - lengths[:, None]       # (B, T): not a pad
+        control = real * (2 if recurrent_prompt else 1)        # c_t: 0 at a pad; grows with idx
+        stopped, n_new = torch.zeros_like(lengths, dtype=torch.bool), torch.zeros_like(lengths)
+        depth, runs = dict(n_loops=n_loops, exit_threshold=exit_threshold), []
         for step in range(max_new_tokens):
-            run = {}                                      # each call's loops (B, T), if recursive
-            if step == 0:                 # the prompt, its last block_size tokens, fills the cache
-                logits, _ = self(idx[:, -window:], mode=prefill, cache=cache, stats=run,
-                                 control=control[:, -window:], tol=prefill_tol, **depth)
-            elif idx.shape[1] <= window:  # the cache holds all of idx: feed the new token only
-                logits, _ = self(idx[:, -1:], mode="exact", cache=cache, control=control[:, -1:],
-                                 stats=run, **depth)
-            else:                         # the window slid: recompute it, exactly, without a cache
-                logits, _ = self(idx[:, -window:], mode="exact", control=control[:, -window:],
-                                 stats=run, **depth)
-            runs += [run["loops"].float()] if run else []     # (none in a flat stack)
+            run, start = {}, max(0, idx.shape[1] - window)           # the window's first column
+            if step == 0 or start:      # the prompt, or a window that slid: recomputed, cached
+                pads = (T - lengths - start).clamp(min=0)            # (B,) left pads in the window
+                cache = InferenceCache(P + n_core * (n_loops or K) + Q, pads)
+            cols = slice(start, None) if step == 0 or start else slice(-1, None)   # or the new one
+            logits, _ = self(idx[:, cols], mode=prefill if step == 0 else "exact", cache=cache,
+                             control=control[:, cols], tol=prefill_tol, stats=run, **depth)
+            if run:                     # (none in a flat stack) the loops of the tokens run
+                runs.append(run["loops"][(control[:, cols] > 0) & ~stopped[:, None]].float())
             # the next token (B, 1): greedy, or a draw from softmax((logits - max) / temperature)
             # over the top_k; the max at exactly 0 and -inf kept, no temperature overflows
             last = logits[:, -1, :].to(torch.promote_types(logits.dtype, torch.float32))
@@ -578,18 +574,22 @@ class GPT(nn.Module):
                 if top_k is not None and top_k < last.size(-1):   # keep the k largest (and ties)
                     scaled = scaled.masked_fill(last < last.topk(top_k).values[:, -1:], -math.inf)
                 idx_next = torch.multinomial(scaled.softmax(-1), 1, generator=generator)
+            n_new += ~stopped                             # (B,): each row's tokens, its stop too
+            if stop_token is not None:    # a stopped row is never changed: it repeats stop_token
+                idx_next = idx_next.masked_fill(stopped[:, None], stop_token)
+                stopped |= idx_next[:, 0] == stop_token
             idx = torch.cat([idx, idx_next], dim=1)
             control = torch.cat([control, torch.full_like(idx_next, 2)], dim=1)   # generated: c = 2
+            if stopped.all():
+                break
         if stats is not None and runs:
-            stats["mean_loops"] = torch.cat([r.flatten() for r in runs]).mean().item()
-        return idx
-
-    # ---- released checkpoints --------------------------------------------------------------------
+            stats["mean_loops"] = torch.cat(runs).mean().item()
+        return idx if not listed else [row[T - n:T + m] for row, n, m in
+                                       zip(idx, lengths.tolist(), n_new.tolist())]
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, **overrides) -> "GPT":
-        """A released Pythia or SmolLM2 (HF folder or hub id) as a GPT with `overrides`, e.g.
-        T²MLR's §3.4 retrofit: ("HuggingFaceTB/SmolLM2-135M", t2mlr=True, l_start=12, l_end=17)."""
+        """A released Pythia or SmolLM2 (HF folder or hub id) and overrides: docs/pretrained.md."""
         from support.pretrained import from_pretrained
         return from_pretrained(name_or_path, **overrides)
 

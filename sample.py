@@ -3,6 +3,7 @@ Sample from a trained model: reads out_dir/ckpt.pt (written by train.py) and pri
 
     python sample.py --out_dir=out/tiny_mesh --start="def main(" --num_samples=3 --max_new_tokens=200
     python sample.py --out_dir=out/tiny_mesh --start=FILE:prompt.txt --temperature=0     # greedy
+    python sample.py --out_dir=out/tiny_mesh --prompts=prompts.txt     # one prompt a line, in batches
     python sample.py --help
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from tqdm import tqdm
 
 from configurator import ConfigError, check_ranges, load_config
 from support.accounting import count_middle_passes
@@ -26,7 +28,10 @@ from support.tokenizers import DataError, get_tokenizer
 class SampleConfig:
     out_dir: str = "out"                  # folder holding ckpt.pt
     start: str = "\n"                     # the prompt, or FILE:<path> to read it from; "" = the EOT token
-    num_samples: int = 3                  # independent samples, printed one after another
+    prompts: str = ""                     # a file of prompts, one a line, continued in batches (not --start)
+    num_samples: Optional[int] = None     # continuations of each prompt; None = 3 of --start, 1 per --prompts
+    batch_size: int = 16                  # prompts continued at once (left-padded: each as it would alone)
+    stop_at_eot: bool = True              # a continuation ends at the end-of-text token; False: max_new_tokens
     max_new_tokens: int = 500             # tokens generated per sample
     temperature: float = 0.8              # < 1 sharpens, > 1 flattens the distribution; 0 = greedy
     top_k: Optional[int] = 200            # sample among the k most likely tokens (at most V); None = all
@@ -47,31 +52,25 @@ class SampleConfig:
 
 # The valid range of every numeric field of SampleConfig (configurator.check_ranges: None passes, nan and
 # inf never). seed: what torch.Generator.manual_seed accepts.
-SAMPLE_RANGES = {"num_samples": ">= 1", "max_new_tokens": ">= 0", "temperature": ">= 0", "top_k": ">= 1",
-                 "seed": "[0, 18446744073709551615]", "prefill_tol": "[0, 1)", "n_loops": ">= 1",
+SAMPLE_RANGES = {"num_samples": ">= 1", "batch_size": ">= 1", "max_new_tokens": ">= 0", "temperature": ">= 0",
+                 "top_k": ">= 1", "seed": "[0, 18446744073709551615]", "prefill_tol": "[0, 1)", "n_loops": ">= 1",
                  "exit_threshold": ">= 0"}
 
 
 @keeps_process_state
 def main(argv):
-    """Print num_samples continuations of the prompt. Raises ConfigError, RunError (bad checkpoint or prompt
-    file) or DataError (the tokenizer cannot load)."""
+    """Print num_samples continuations of each prompt (--start, or every line of --prompts), batch_size
+    prompts at a time. Raises ConfigError, RunError (bad checkpoint or prompt file) or DataError (the tokenizer
+    cannot load)."""
     (cfg,), _ = load_config(argv, SampleConfig)
     device = resolve_device(cfg.device)
     check_device(device)
     device_type = device.split(":")[0]
     autocast = autocast_context(device_type, resolve_dtype(cfg.dtype, device_type))
 
-    text = cfg.start
-    if text.startswith("FILE:"):
-        try:
-            with open(text[5:], encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise RunError(f"cannot read prompt file {text[5:]}: {e.strerror}") from None
-        except UnicodeDecodeError as e:
-            raise RunError(f"prompt file {text[5:]} is not UTF-8 text (byte {e.start} is "
-                           f"{e.object[e.start:e.start + 1]!r}): give a text file") from None
+    if cfg.prompts and cfg.start != SampleConfig.start:
+        raise ConfigError("give --start (one prompt) or --prompts (a file of them), not both")
+    texts = read_prompts(cfg)
 
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     if not os.path.isfile(path):        # name the folders that hold one (train.py's out_dir, under out/)
@@ -86,16 +85,16 @@ def main(argv):
     val_loss = f", val loss {ckpt['val_loss']:.4f}" if isinstance(ckpt.get("val_loss"), float) else ""
     print(f"{path}: step {ckpt.get('step', '?')}{val_loss}", file=sys.stderr)
 
-    ids = tokenizer.encode(text) or [tokenizer.eot]   # the model needs at least one token to condition on
-    if len(ids) > model_cfg.block_size:
-        print(
-            f"prompt has {len(ids)} tokens; keeping its last block_size = {model_cfg.block_size}",
-            file=sys.stderr,
-        )
-        ids = ids[-model_cfg.block_size:]
+    prompts, copies = [], cfg.num_samples or (1 if cfg.prompts else 3)
+    for n, text in enumerate(texts, 1):
+        ids = tokenizer.encode(text) or [tokenizer.eot]   # the model needs at least one token to condition on
+        if len(ids) > model_cfg.block_size:
+            print(f"{f'prompt {n}' if cfg.prompts else 'prompt'} has {len(ids)} tokens; keeping its last "
+                  f"block_size = {model_cfg.block_size}", file=sys.stderr)
+            ids = ids[-model_cfg.block_size:]
+        prompts += [torch.tensor(ids, dtype=torch.long, device=device)] * copies
     if not model_cfg.layout and (cfg.n_loops is not None or cfg.exit_threshold is not None):
         raise ConfigError(f"--n_loops and --exit_threshold need a recursive model ('P+CRK+Q'); {path} has no loops")
-    idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     # T²MLR, converged prefill: the middle-layer passes of the prompt, generate's first forward
     prompt_passes = []
@@ -103,33 +102,65 @@ def main(argv):
         passes = count_middle_passes(model)
         model.register_forward_hook(lambda module, args, output: prompt_passes.append(passes.n))
 
-    stats = {}                           # recursive: the mean loops a position used
-    with autocast:
-        out = model.generate(
-            idx,
-            cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_k=cfg.top_k,
-            generator=generator,
-            recurrent_prompt=cfg.recurrent_prompt,
-            prefill=cfg.prefill,
-            prefill_tol=cfg.prefill_tol,
-            n_loops=cfg.n_loops,
-            exit_threshold=cfg.exit_threshold,
-            stats=stats,
-        )
+    stop = tokenizer.eot if cfg.stop_at_eot and tokenizer.eot < model_cfg.vocab_size else None
+    loops = []                           # recursive: each batch's mean loops a position used, per prompt
+    for first in tqdm(range(0, len(prompts), cfg.batch_size), desc="batches", unit="batch", file=sys.stderr,
+                      disable=len(prompts) <= cfg.batch_size):
+        batch, stats = prompts[first:first + cfg.batch_size], {}
+        with autocast:
+            outs = model.generate(
+                batch,
+                cfg.max_new_tokens,
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
+                generator=generator,
+                recurrent_prompt=cfg.recurrent_prompt,
+                prefill=cfg.prefill,
+                prefill_tol=cfg.prefill_tol,
+                n_loops=cfg.n_loops,
+                exit_threshold=cfg.exit_threshold,
+                stop_token=stop,
+                stats=stats,
+            )
+        loops += [stats["mean_loops"]] * len(batch) if "mean_loops" in stats else []
+        for prompt, row in zip(batch, outs):
+            row = row.tolist()
+            if stop is not None and len(row) > len(prompt) and row[-1] == stop:
+                row = row[:-1]                         # the end-of-text that ended it
+            # ids >= the tokenizer's vocabulary are padding rows of the embedding, never seen in training;
+            # drop them so decoding cannot fail on an untrained model
+            print(tokenizer.decode([i for i in row if i < tokenizer.vocab_size]), flush=True)
+            print("-" * 80, flush=True)
     if model_cfg.t2mlr and cfg.prefill == "converged":      # the prompt's sweeps
         print(f"prefill: parallel Jacobi, tol {cfg.prefill_tol:g}: middle-layer passes {prompt_passes[0]} "
               f"(exact prefill: one per token)", file=sys.stderr)
-    if "mean_loops" in stats:
-        print(f"loops: {stats['mean_loops']:.2f} a position on average (of at most {cfg.n_loops or model_cfg.n_loops}"
+    if loops:
+        print(f"loops: {sum(loops) / len(loops):.2f} a position on average (of at most {cfg.n_loops or model_cfg.n_loops}"
               f"{f', exit threshold {cfg.exit_threshold:g}' if cfg.exit_threshold is not None else ''})",
               file=sys.stderr)
-    for row in out.tolist():
-        # ids >= the tokenizer's vocabulary are padding rows of the embedding, never seen in training; drop
-        # them so decoding cannot fail on an untrained model
-        print(tokenizer.decode([i for i in row if i < tokenizer.vocab_size]))
-        print("-" * 80)
+
+
+def read_prompts(cfg):
+    """The prompts as text: --start (FILE:<path> reads one prompt from a file), or --prompts, a file of one
+    prompt a line. Raises RunError naming a file that cannot be read or a line that is empty."""
+    path = cfg.prompts or (cfg.start[5:] if cfg.start.startswith("FILE:") else None)
+    if path is None:
+        return [cfg.start]
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise RunError(f"cannot read prompt file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise RunError(f"prompt file {path} is not UTF-8 text (byte {e.start} is "
+                       f"{e.object[e.start:e.start + 1]!r}): give a text file") from None
+    if not cfg.prompts:
+        return [text]
+    lines = text.splitlines()
+    if not lines or "" in lines:
+        where = f"line {lines.index('') + 1} is empty" if lines else "has no prompts"
+        raise RunError(f"prompt file {path} {where}: give one prompt a line")
+    return lines
 
 
 if __name__ == "__main__":

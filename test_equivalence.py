@@ -341,7 +341,8 @@ def identity_middle(model):
 
 def test_state_update_clamps_its_stop_gradient_scale():
     """state_update (T2) writes R = s·(h + R_prev), s = clamp(1/rms, 0.2, 5) on detached values (the
-    T²MLR reference's update), R = h at non-recurrent tokens and without recurrent_residual."""
+    T²MLR reference's update), R = h at non-recurrent tokens (c = 1) and without recurrent_residual, and
+    R = R_prev at a pad (c = 0): a pad leaves the state."""
     model = build(**VARIANTS["t2mlr_llama"])
     h = torch.full((1, 1, 32), 10.0, requires_grad=True)            # rms 10 -> s = 0.1, clamped to 0.2
     r = model.state_update(h, torch.zeros(1, 1, 32))
@@ -351,11 +352,14 @@ def test_state_update_clamps_its_stop_gradient_scale():
     small = model.state_update(torch.full((1, 1, 32), 0.25), torch.full((1, 1, 32), 0.25))
     # u = 0.5, s = 1/sqrt(0.25 + 1e-6)
     assert torch.allclose(small, torch.full((1, 1, 32), 0.5 / 0.250001 ** 0.5), atol=1e-15, rtol=0)
-    h2, recurrent = torch.randn(1, 3, 32), torch.tensor([True, False, True]).view(1, 3, 1)
-    mixed = model.state_update(h2, torch.ones(1, 1, 32), recurrent)
-    assert torch.equal(mixed[:, 1], h2[:, 1]) and not torch.equal(mixed[:, 0], h2[:, 0])
+    h2, control = torch.randn(1, 4, 32), torch.tensor([2, 1, 0, 3]).view(1, 4, 1)
+    R_prev = torch.randn(1, 1, 32)
+    mixed = model.state_update(h2, R_prev, control)
+    assert torch.equal(mixed[:, 1], h2[:, 1]) and torch.equal(mixed[:, 2], R_prev[:, 0])
+    assert torch.equal(mixed[:, 0], model.state_update(h2, R_prev)[:, 0]) and not torch.equal(mixed[:, 0], h2[:, 0])
     model.cfg.recurrent_residual = False                                # R_t = h_t, the raw l_end output
     assert torch.equal(model.state_update(h.detach(), torch.ones(1, 1, 32)), h.detach())
+    assert torch.equal(model.state_update(h2, R_prev, control)[:, 2], R_prev[:, 0])   # a pad still keeps it
 
 
 def test_gate_x_columns_equal_the_gate():
@@ -377,12 +381,13 @@ def test_gate_x_columns_equal_the_gate():
 
 
 def test_controlled_gate_equals_the_direct_form():
-    """The gate under control flow (recurrent_tokens) equals gate_direct at recurrent positions and passes
-    x through at the others; through identity middle layers, so does the middle output."""
+    """The gate under control flow (c > 1 recurrent; 1 and 0, a pad, not) equals gate_direct at recurrent
+    positions and passes x through at the others; through identity middle layers, so does the middle output."""
     model = identity_middle(build(**VARIANTS["t2mlr_llama"]))
     x, r = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
-    recurrent = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool).unsqueeze(-1)
-    h = model.run_layers(model.temporal_gate(x, r, recurrent_tokens=recurrent), model.middle, 0)
+    control = torch.tensor([[2, 3, 0, 2, 1], [1, 2, 2, 2, 2]]).unsqueeze(-1)
+    recurrent = control > 1
+    h = model.run_layers(model.temporal_gate(x, r, control=control), model.middle, 0)
     want = torch.where(recurrent, gate_direct(model.gate, x, r), x)
     assert (h - want).abs().max() <= 1e-14 and (h - x)[recurrent.expand_as(x)].abs().min() > 0
 
@@ -409,18 +414,21 @@ def test_retrofit_from_a_vanilla_checkpoint(tmp_path):
 # T²MLR control flow: c = 0 padding, 1 non-recurrent, >= 2 recurrent (mixing and merging only where c > 1)
 
 def mixed_control(T=14):
-    """Three rows with segment switches: a prompt then recurrence with pads at the end; several switches;
-    recurrent from the start with pads at the end."""
+    """Four rows with segment switches: a prompt then recurrence with pads at the end; several switches;
+    recurrent from the start with pads at the end; left pads, then pads in the middle of a recurrent span
+    (a later token reads the state from before them)."""
     rows = [[1] * 4 + [2] * (T - 6) + [0] * 2,
             ([1, 1, 2, 2, 1, 1, 2, 2, 2, 1] + [2] * T)[:T],
-            [2] * (T - 3) + [0] * 3]
+            [2] * (T - 3) + [0] * 3,
+            ([0, 0, 1, 2, 2, 0, 0, 2, 2, 1, 0, 2] + [2] * T)[:T]]
     return torch.tensor(rows)
 
 
 def naive_control_logits(model, idx, control):
     """The obvious O(T²) loop with control flow: for each t, run the FULL stack on idx[:, :t+1], mixing the
     known states R_{-1}..R_{t-1} only into positions with c > 1; then R_t = update(h_t, R_{t-1}) if c_t > 1,
-    else the raw h_t. Written without model.py's mask helpers."""
+    the raw h_t if c_t = 1, and R_{t-1} if c_t = 0 (a pad leaves the state). Written without model.py's
+    mask helpers."""
     cfg = model.cfg
     lower, middle, upper = model.lower, model.middle, model.upper
     B, T = idx.shape
@@ -432,9 +440,9 @@ def naive_control_logits(model, idx, control):
         is_rec = (control[:, :t + 1] >= 2)[..., None].to(x.dtype)
         h = model.run_layers(is_rec * mixed + (1 - is_rec) * x, middle, 0)
         h_t, rec_t = h[:, -1:], is_rec[:, -1:]
-        states.append(
-            rec_t * update_direct(h_t, states[-1], cfg.recurrent_residual) + (1 - rec_t) * h_t
-        )
+        pad_t = (control[:, t:t + 1] == 0)[..., None].to(x.dtype)
+        states.append(rec_t * update_direct(h_t, states[-1], cfg.recurrent_residual)
+                      + (1 - rec_t - pad_t) * h_t + pad_t * states[-1])
         logits.append(model.lm_head(model.ln_f(model.run_layers(h, upper, 0)))[:, -1:])
     return torch.cat(logits, dim=1)
 
@@ -444,7 +452,7 @@ def test_control_flow_jacobi_equals_exact_equals_naive(name):
     """Mixed segments: Jacobi with D >= T = exact (with its parallel non-recurrent spans) = the naive loop."""
     T = 14
     model = build(**dict(VARIANTS[name], jacobi_sweeps=T, jacobi_grad_sweeps=2))
-    idx, control = tokens(T=T), mixed_control(T)
+    idx, control = tokens(B=4, T=T), mixed_control(T)
     naive = naive_control_logits(model, idx, control)
     jacobi, exact = (
         model(idx, mode="jacobi", control=control)[0],
@@ -459,7 +467,7 @@ def test_control_flow_jacobi_equals_exact_equals_naive(name):
 def test_control_flow_gradients_jacobi_equal_exact(name):
     T = 12
     model = build(**dict(VARIANTS[name], jacobi_sweeps=T, jacobi_grad_sweeps=T)).train()
-    idx, targets, control = tokens(T=T), tokens(T=T, seed=2), mixed_control(T)
+    idx, targets, control = tokens(B=4, T=T), tokens(B=4, T=T, seed=2), mixed_control(T)
     grads = {}
     for mode in ("jacobi", "exact"):
         model.zero_grad()
@@ -484,7 +492,7 @@ def test_control_flow_cached_decoding_equals_exact():
     """Prefill the non-recurrent prompt with the cache, then decode one token at a time: exact's logits."""
     model = build(**VARIANTS["t2mlr_llama"])
     T, P = 14, 5
-    idx, control = tokens(T=T), mixed_control(T)
+    idx, control = tokens(B=4, T=T), mixed_control(T)
     exact = model(idx, mode="exact", control=control)[0]
     cache = InferenceCache(model.cfg.n_unrolled)
     pieces = [model(idx[:, :P], cache=cache, control=control[:, :P])[0]]
@@ -495,12 +503,14 @@ def test_control_flow_cached_decoding_equals_exact():
 
 def test_padding_changes_no_other_position():
     """Right padding (c = 0) with any ids: the real positions' logits do not move, in both modes, and
-    equal those of the unpadded row run alone."""
+    equal those of the unpadded row run alone. (Only trailing pads: a pad before a real token is keyed by
+    attention unless the cache's offsets mask it, as generate's left pads are.)"""
     T = 14
     model = build(**dict(VARIANTS["t2mlr_llama"], jacobi_sweeps=T))
-    idx, control = tokens(T=T), mixed_control(T)
-    other = idx.clone()
-    other[control == 0] = (other[control == 0] + 7) % 64
+    idx, control = tokens(B=4, T=T), mixed_control(T)
+    other, trailing = idx.clone(), (control == 0) & (control.flip(1).cumsum(1).flip(1) == 0)
+    assert trailing[[0, 2]].any() and not trailing[3].any()
+    other[trailing] = (other[trailing] + 7) % 64
     real = control[0] > 0
     alone_ids, alone_control = idx[:1, real], control[:1, real]
     for mode in ("jacobi", "exact"):
@@ -531,7 +541,7 @@ def test_identity_gate_still_receives_gradient_with_control_flow():
     torch.manual_seed(0)
     model = GPT(GPTConfig(**dict(VARIANTS["t2mlr_llama"], jacobi_sweeps=T, jacobi_grad_sweeps=T, rope_pct=0.0,
                                  recurrent_detach=True, gate_bias_prob=0.5))).train()
-    idx, targets, control = tokens(T=T), tokens(T=T, seed=2), mixed_control(T)
+    idx, targets, control = tokens(B=4, T=T), tokens(B=4, T=T, seed=2), mixed_control(T)
     grads = {}
     for mode in ("jacobi", "exact"):
         model.zero_grad()

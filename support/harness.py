@@ -208,26 +208,18 @@ class NanoLM(TemplateLM):
     # ---- generation ------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def greedy(self, context, max_gen_toks, until):
-        """Greedy continuation ids of the token list `context` (at most block_size - max_gen_toks long): one
-        prompt pass that fills a fresh KV cache (T²MLR: exact, or converged in mode 'converged'), then one
-        token per step through the cache; stops after max_gen_toks tokens or once the decoded text holds one
-        of the strings `until`."""
-        cache = InferenceCache(self.model.cfg.n_unrolled)
-        idx = torch.tensor([context], device=self._device)
-        prefill = "converged" if self.mode == "converged" else "exact"
-        out = []
+    def greedy(self, contexts, max_gen_toks):
+        """Greedy continuation ids of each token list in `contexts` (each at most block_size - max_gen_toks
+        long), generated together (GPT.generate left-pads them: each row as it would be alone): all
+        recurrent, as trained (T²MLR: an exact prefill, or converged in mode 'converged'); max_gen_toks
+        tokens, or fewer where a row reached the EOT, which the EOT's text would stop anyway."""
+        prompts = [torch.tensor(context, device=self._device) for context in contexts]
+        stop = self.eot_token_id if self.decode([self.eot_token_id]) else None
         with self.autocast():
-            kw = dict(mode=prefill, control=torch.full_like(idx, 2), tol=self.tol) if self.t2mlr else {}
-            logits, _ = self.model(idx, cache=cache, **kw)
-            while len(out) < max_gen_toks:
-                token = logits[:, -1].argmax(-1, keepdim=True)               # (1, 1)
-                out.append(int(token))
-                if any(stop in self.decode(out) for stop in until) or len(out) == max_gen_toks:
-                    break
-                kw = dict(mode="exact", control=torch.full_like(token, 2)) if self.t2mlr else {}
-                logits, _ = self.model(token, cache=cache, **kw)
-        return out
+            out = self.model.generate(prompts, max_gen_toks, temperature=0, recurrent_prompt=True,
+                                      prefill="converged" if self.mode == "converged" else "exact",
+                                      prefill_tol=self.tol, stop_token=stop)
+        return [row[len(context):].tolist() for row, context in zip(out, contexts)]
 
     def decode(self, ids):
         """Text of ids, without the padding rows of the embedding (ids >= the tokenizer's vocabulary)."""
@@ -236,23 +228,30 @@ class NanoLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm=False):
         """Greedy text for each (context, gen_kwargs) request, cut at the first stop string (gen_kwargs
         'until', plus the EOT's text) and at most max_gen_toks tokens (default 256); the context keeps its
-        last block_size - max_gen_toks tokens. ValueError for do_sample=True (greedy only) or a max_gen_toks
-        that leaves no room for a context."""
-        results = []
-        for context, gen_kwargs in tqdm([req.args for req in requests], disable=disable_tqdm or self.rank != 0,
-                                        desc="nanomesh generating"):
+        last block_size - max_gen_toks tokens. Requests with the same settings are generated together,
+        batch_size at a time, longest first, and cut at their stop strings afterwards. ValueError for
+        do_sample=True (greedy only) or a max_gen_toks that leaves no room for a context."""
+        eos, groups, results = self.tok.decode([self.eot_token_id]), {}, [None] * len(requests)
+        for i, (context, gen_kwargs) in enumerate(req.args for req in requests):
             kwargs = normalize_gen_kwargs(dict(gen_kwargs), 256)
             if kwargs.get("do_sample"):
                 raise ValueError("do_sample=True: nanomesh generates greedily only (do_sample=False)")
-            until = handle_stop_sequences(kwargs.pop("until", None), eos=self.tok.decode([self.eot_token_id]))
+            until = tuple(handle_stop_sequences(kwargs.pop("until", None), eos=eos))
             max_gen_toks = kwargs.pop("max_gen_toks")
             if not 0 < max_gen_toks < self.max_length:
                 raise ValueError(f"max_gen_toks {max_gen_toks} leaves no room for a context in block_size "
                                  f"{self.max_length}")
             ids = (self.tok_encode(context) or [self.eot_token_id])[-(self.max_length - max_gen_toks):]
-            text = postprocess_generated_text(self.decode(self.greedy(ids, max_gen_toks, until)), until, None)
-            results.append(text)
-            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+            groups.setdefault((until, max_gen_toks), []).append((i, ids))
+        with tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="nanomesh generating") as bar:
+            for (until, max_gen_toks), group in groups.items():
+                group.sort(key=lambda request: -len(request[1]))           # longest first: less padding
+                for first in range(0, len(group), self.batch_size):
+                    batch = group[first:first + self.batch_size]
+                    for (i, _), new in zip(batch, self.greedy([ids for _, ids in batch], max_gen_toks)):
+                        results[i] = postprocess_generated_text(self.decode(new), list(until), None)
+                        self.cache_hook.add_partial("generate_until", tuple(requests[i].args), results[i])
+                        bar.update(1)
         return results
 
 

@@ -52,7 +52,12 @@ def test_bench_runs_and_writes_every_key(tmp_path, capsys):
     for key, desc, bound, op, why in bench.TARGETS:
         line = next(row for row in printed.splitlines() if row.startswith(f"| {desc} |"))
         assert f"{op} " in line and why in line and (("| met |" in line) == r["targets"][key]["met"])
-    for stage in ("1/5 training steps", "2/5 decoding", "3/5 exact prefill", "4/5 Jacobi prefill"):
+    g = r["batched_generation"]              # 16 prompts of different lengths: one batch and one at a time
+    assert g["prompts"] == 16 and g["lengths"] == [8, 64] and set(g) >= set(bench.GENERATION)
+    assert all(g[n]["batched_tok_s"] > 0 and g[n]["alone_tok_s"] > 0 and g[n]["speedup"] > 0 for n in bench.GENERATION)
+    assert "| generation: 16 prompts of 8..64 tokens" in printed
+    for stage in ("1/6 training steps", "2/6 decoding", "3/6 batched generation", "4/6 exact prefill",
+                  "5/6 Jacobi prefill"):
         assert stage in captured.err                 # the progress bars (stderr)
 
 

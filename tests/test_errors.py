@@ -269,6 +269,7 @@ RANGE_CASES = [
     (TrainConfig, "val_tol", [-1e-6, 1.0, NAN], [0.0, 0.5], {}),
     (TrainConfig, "gate_lr_multiplier", [0.0, -1.0, NAN], [1.0, 10.0], {}),
     (SampleConfig, "num_samples", [0], [1], {}),
+    (SampleConfig, "batch_size", [0], [1], {}),
     (SampleConfig, "max_new_tokens", [-1], [0], {}),
     (SampleConfig, "temperature", [-0.1, NAN, INF], [0.0], {}),
     (SampleConfig, "top_k", [0], [1], {}),

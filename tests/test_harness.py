@@ -208,6 +208,22 @@ def test_greedy_generation_equals_generate_and_stops_at_the_stop_string(name):
 
 
 @pytest.mark.parametrize("name", list(MODELS))
+def test_batched_generation_equals_one_request_at_a_time(name):
+    """generate_until in batches of 3 (contexts of different lengths, two groups of settings, one context cut
+    to block_size - max_gen_toks, one stop string met) gives each request's text alone (batch 1), in order."""
+    model = model_of(name)
+    short, long = {"until": ["\x00never"], "max_gen_toks": 7}, {"until": ["\x00never"], "max_gen_toks": 12}
+    requests = [("The cat", short), ("A much longer context than the others, longer than the room left", long),
+                ("", short), ("Question: two plus two?", long), ("x", short), ("Another one", long)]
+    alone = [adapter(model, batch_size=1).generate_until(instances("generate_until", [r]))[0] for r in requests]
+    stop = alone[3][2:4]                                      # a stop string inside one greedy text
+    requests.append(("Question: two plus two?", {"until": [stop], "max_gen_toks": 12}))
+    alone.append(alone[3].split(stop)[0])
+    batched = adapter(model, batch_size=3).generate_until(instances("generate_until", requests))
+    assert batched == alone and len(set(alone)) > 3
+
+
+@pytest.mark.parametrize("name", list(MODELS))
 def test_the_greedy_flag_is_true_for_the_greedy_continuation_only(name):
     """The flag that is LAMBADA's accuracy: the model's own greedy continuation (GPT.generate, temperature 0)
     is greedy; the same with its last token changed is not; in one batch with other requests."""

@@ -67,15 +67,16 @@ def lower_output(model, idx):
     return model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, model.lower, 0)
 
 
-def middle_step(model, x, R_prev, recurrent=None, x_part=None):
-    """One sweep's step at every position of x: the gate (T1), the middle layers, the update (T2) -> (h, R)."""
-    h = model.run_layers(model.temporal_gate(x, R_prev, x_part, recurrent), model.middle, 0)
-    return h, model.state_update(h, R_prev, recurrent)
+def middle_step(model, x, R_prev, control=None, x_part=None):
+    """One sweep's step at every position of x: the gate (T1), the middle layers, the update (T2) -> (h, R);
+    control (B, T, 1) the control flow c_t."""
+    h = model.run_layers(model.temporal_gate(x, R_prev, x_part, control), model.middle, 0)
+    return h, model.state_update(h, R_prev, control)
 
 
-def logits_from_state(model, x, state, x_part=None, recurrent=None):
+def logits_from_state(model, x, state, x_part=None, control=None):
     """The final sweep from a given state R^(D-1): middle_step, the upper layers and the head."""
-    h, _ = middle_step(model, x, state, recurrent, x_part)
+    h, _ = middle_step(model, x, state, control, x_part)
     return model.lm_head(model.ln_f(model.run_layers(h, model.upper, 0)))
 
 
@@ -85,12 +86,12 @@ def fixed_d_logits(model, idx, control=None):
     cfg = model.cfg
     grad = torch.is_grad_enabled()
     x = lower_output(model, idx)
-    x_part, recurrent = model.gate_x_columns(x), None if control is None else (control > 1).unsqueeze(-1)
+    x_part, c = model.gate_x_columns(x), None if control is None else control.unsqueeze(-1)
     state = torch.zeros_like(x)
     for d in range(cfg.jacobi_sweeps - 1):
         with torch.set_grad_enabled(grad and cfg.jacobi_sweeps - 1 - d <= cfg.jacobi_grad_sweeps):
-            state = shift(middle_step(model, x, state, recurrent, x_part)[1])
-    return logits_from_state(model, x, state, x_part, recurrent)
+            state = shift(middle_step(model, x, state, c, x_part)[1])
+    return logits_from_state(model, x, state, x_part, c)
 
 
 def sweep_changes(model, idx, sweeps):

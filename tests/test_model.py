@@ -160,7 +160,8 @@ def test_generate_beyond_block_size_and_top_k():
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY, n_layer=2)).eval()
     idx = torch.randint(0, 64, (1, 40))                          # longer than block_size 32: cropped
-    out = model.generate(idx, 30, temperature=0)
+    with pytest.warns(UserWarning, match="^a 40-token prompt > block_size: last 32 kept$"):
+        out = model.generate(idx, 30, temperature=0)
     assert out.shape == (1, 70) and torch.equal(out[:, :40], idx)
     g = torch.Generator().manual_seed(0)
     assert torch.equal(model.generate(idx[:, :8], 10, temperature=1.0, top_k=1, generator=g),

@@ -74,3 +74,32 @@ def test_a_device_this_machine_lacks_is_one_line(tmp_path):
                            "(or 'auto', the best one here)")
 
 
+
+
+def test_a_file_of_prompts_gives_one_continuation_each_equal_to_the_prompt_alone(tmp_path):
+    """--prompts: one continuation per line, in the file's order, batched (batch_size 2 over 3 prompts of
+    different lengths), each what --start gives that prompt alone (greedy)."""
+    write_run(tmp_path / "run", layout="1+1R2+0", block_size=64)
+    lines = ["The quick brown fox", "a", "jumps over the lazy"]
+    (tmp_path / "prompts.txt").write_text("\n".join(lines) + "\n")
+    greedy = ["--out_dir=run", "--max_new_tokens=6", "--temperature=0"]
+    done = sample(tmp_path, *greedy, "--prompts=prompts.txt", "--batch_size=2")
+    assert done.returncode == 0, done.stderr
+    batched = done.stdout.split("-" * 80 + "\n")
+    assert len(batched) == 4 and batched[-1] == ""
+    for line, got in zip(lines, batched):
+        alone = sample(tmp_path, *greedy, f"--start={line}", "--num_samples=1")
+        assert alone.returncode == 0, alone.stderr
+        assert got.startswith(line) and got == alone.stdout.split("-" * 80 + "\n")[0]
+
+
+def test_a_bad_file_of_prompts_is_one_line(tmp_path):
+    write_run(tmp_path / "run")
+    (tmp_path / "gap.txt").write_text("one\n\nthree\n")
+    message = one_line_error(sample(tmp_path, "--out_dir=run", "--prompts=gap.txt"))
+    assert message == "prompt file gap.txt line 2 is empty: give one prompt a line"
+    (tmp_path / "none.txt").write_text("")
+    message = one_line_error(sample(tmp_path, "--out_dir=run", "--prompts=none.txt"))
+    assert message == "prompt file none.txt has no prompts: give one prompt a line"
+    message = one_line_error(sample(tmp_path, "--out_dir=run", "--prompts=gap.txt", "--start=hi"))
+    assert message == "give --start (one prompt) or --prompts (a file of them), not both"
