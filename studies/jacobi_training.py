@@ -9,7 +9,9 @@ sequences longer than D. This study trains the same T²MLR (the word-problem rec
 - exact vs Jacobi D = 16, b = 4 at n = 32, and the control at n = 16 (the forward is exact there: only the
   gradient is cut after b sweeps);
 - the positions past the exactness front: D = 32, b = 4 at n = 32 (the forward exact again);
-- the gradient cut: D = 16, b = 15 at n = 32.
+- the gradient cut: D = 16, b = 15 at n = 32;
+- the start of the sweeps: D = 16, b = 4 at n = 32 from a plain pass (jacobi_init "plain", as the T²MLR code
+  starts them) rather than from R = 0.
 
 Each run is word_problem.run_one's (resumable; two processes share the runs through its lock), tested at
 every position up to 4n. Its JSON records the commit, train_n, D, b and the mode.
@@ -37,17 +39,20 @@ from support.process import keeps_process_state
 from support.runtime import RunError
 
 # arm -> (training mode, D = jacobi_sweeps, b = jacobi_grad_sweeps, jacobi_lag); exact training uses
-# none. The recipes "lag": D = T - lag for words of T tokens, so D follows the curriculum's length.
+# none. The recipes "lag": D = T - lag for words of T tokens, so D follows the curriculum's length. An arm
+# in PLAIN_START starts its sweeps from a plain pass of the middle layers (jacobi_init "plain"), not R = 0.
 ARMS = {"exact": ("exact", None, None, 0), "jacobi_D16_b4": ("jacobi", 16, 4, 0),
+        "jacobi_D16_b4_plain": ("jacobi", 16, 4, 0),
         "jacobi_D32_b4": ("jacobi", 32, 4, 0), "jacobi_D16_b15": ("jacobi", 16, 15, 0),
         "jacobi_lag1_b4": ("jacobi", 16, 4, 1), "jacobi_lag4_b4": ("jacobi", 16, 4, 4),
         "jacobi_lag1_b15": ("jacobi", 16, 15, 1)}
+PLAIN_START = {"jacobi_D16_b4_plain"}
 SEEDS = (0, 1, 2)
 # the order runs are trained in: the comparison and its control seed by seed, then the isolating arms
 PLAN = ([(arm, n, s) for s in SEEDS for arm, n in (("exact", 32), ("jacobi_D16_b4", 32), ("exact", 16),
                                                      ("jacobi_D16_b4", 16))]
         + [(arm, 32, s) for s in SEEDS for arm in ("jacobi_D32_b4", "jacobi_D16_b15")]
-        + [("jacobi_lag1_b4", 32, s) for s in SEEDS])
+        + [("jacobi_lag1_b4", 32, s) for s in SEEDS] + [("jacobi_D16_b4_plain", 32, s) for s in SEEDS])
 GROUP = "A5"
 OUT = "studies/results/jacobi_training"
 FIGURE = "studies/results/figures/jacobi_training.png"
@@ -61,7 +66,8 @@ def spec(arm, n, seed, size=wp.FULL):
     size = dict(size, train_n=n, test_n=4 * n)
     model = wp.matched_arms(size, GROUP)["t2mlr"]
     if mode == "jacobi":
-        jacobi = {"jacobi_sweeps": D, "jacobi_grad_sweeps": b} | ({"jacobi_lag": lag} if lag else {})
+        jacobi = {"jacobi_sweeps": D, "jacobi_grad_sweeps": b} | ({"jacobi_lag": lag} if lag else {}) \
+            | ({"jacobi_init": "plain"} if arm in PLAIN_START else {})
         model = dict(model, config=model["config"] | jacobi)
     return wp.spec_of(size, "jacobi", GROUP, "t2mlr", seed, model, None, mode, tag=f"_{arm}_n{n}")
 
