@@ -6,6 +6,7 @@ per-round ratio, so load from other processes hits both sides of every ratio ali
     python bench.py                          # tiny models; about 2.5 minutes on 2 CPU cores
     python bench.py --size 160m --device cuda     # the 160M MeSH family and SmolLM2-135M T²MLR, bf16
     python bench.py --repeats 9 --out bench.json
+    python bench.py --compile                # also every variant compiled, as train.py compiles it (minutes)
 
 Variants. MeSH family (GPT-NeoX blocks, as the MeSH paper): vanilla, base recursion and MeSH at the same
 unrolled depth (tiny: 8 layers vs 2+2R2+2). T²MLR family (LLaMA blocks): plain vs T²MLR Jacobi; the tiny
@@ -38,8 +39,12 @@ Measurements, each the median of --repeats rounds after --warmup rounds:
   and 1024 tokens (batch 1: the latency-bound case), with the passes used and the largest logit difference;
 - tokenizer: prepare_data.prepare (in-process, GPT-2 BPE, writing the .bin files) against a bare tiktoken
   encode_ordinary_batch of the same documents (Python's pydoc topics), in tokens per second.
-On CUDA the models run under bf16 autocast and every timer synchronises. Prints markdown tables and
-writes bench.json.
+- compiled (--compile, opt-in): fresh copies of vanilla, base, MeSH, plain and T²MLR compiled as train.py
+  compiles them (support.runtime.compile_model: T²MLR's layers, gate and state update once each, the rest
+  whole): the first training step (the compile included), fwd+bwd and MFU round robin, MeSH against base,
+  and T²MLR's exact prefill against plain's, both compiled.
+The speed targets are read from the eager measurements. On CUDA the models run under bf16 autocast and every
+timer synchronises. Prints markdown tables and writes bench.json.
 """
 
 import argparse
@@ -61,6 +66,7 @@ from model import GPT, GPTConfig, InferenceCache
 from support.accounting import count_middle_passes, train_flops_per_token
 from support.loop import configure_optimizers
 from support.process import keeps_process_state
+from support.runtime import compile_model
 
 # Model shapes per size. "neox" holds the MeSH family's shared fields, "llama" the T²MLR family's.
 SIZES = {
@@ -78,6 +84,7 @@ SIZES = {
                             mlp_hidden=1536, rope_theta=100000.0),
                  t2mlr=dict(l_start=12, l_end=17)),
 }
+COMPILED = ("vanilla", "base", "mesh", "plain", "t2mlr")        # the variants of --compile
 GENERATION = ("vanilla", "base", "mesh", "plain", "t2mlr")      # the variants of the batched-generation row
 BASELINE = {"vanilla": "vanilla", "base": "vanilla", "mesh": "vanilla", "plain": "plain", "t2mlr": "plain",
             "t2mlr_tol": "plain", "t2mlr_ckpt": "plain"}
@@ -350,6 +357,7 @@ def run(
     prefill_tol=1e-4,
     prefill_lengths=None,
     exit_threshold=0.3,
+    compile=False,
 ):
     """Every measurement of the module docstring. Returns the bench.json dict."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -522,6 +530,10 @@ def run(
             "ratio": ratio(t["tiktoken"]["tokenize"], t["prepare_data"]["tokenize"]),
         }
 
+    if compile:
+        result["compiled"] = compiled_measurements(size, T, x, y, device, autocast, s, repeats, warmup,
+                                                   gen, vocab)
+
     # other processes on the same cores make every op wait (OpenMP threads get descheduled): say so
     result["load_average"] = [load_before, os.getloadavg()[0]]
     result["cpu_count"] = os.cpu_count()
@@ -534,6 +546,50 @@ def run(
                                "met": result[key] <= bound if op == "<=" else result[key] >= bound}
                          for key, _, bound, op, _ in TARGETS}
     return result
+
+
+def compiled_measurements(size, T, x, y, device, autocast, s, repeats, warmup, gen, vocab):
+    """--compile: fresh copies of COMPILED (the same weights), compiled as train.py compiles them; the first
+    training step of each (compile included), then fwd+bwd round robin, then T²MLR's exact prefill against
+    plain's, compiled."""
+    models = {n: m for n, m in build_models(size, T, device).items() if n in COMPILED}
+    compiled = {n: compile_model(m) for n, m in models.items()}
+    # the four models of GPT share GPT.forward's code: each one's graphs count towards its recompile limit
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    out, first = {"variants": {}}, {}
+    for n, m in tqdm(compiled.items(), desc="7/7 compiling (first step)"):
+        m.train()
+        sync(device)
+        t0 = time.perf_counter()
+        with autocast:
+            m(x, y)[1].backward()
+        sync(device)
+        first[n] = time.perf_counter() - t0
+        models[n].zero_grad(set_to_none=True)
+    optimizers = {n: configure_optimizers(m, 0.1, 1e-5, (0.9, 0.95), device.split(":")[0])
+                  for n, m in models.items()}
+    fns = {n: train_step_fn(m, optimizers[n], x, y, device, autocast) for n, m in compiled.items()}
+    fns["matmul"] = matmul_fn(s["matmul"], device, torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    t = interleaved(fns, repeats, warmup, "7/7 compiled training steps")
+    mm = t.pop("matmul")["matmul"]
+    for n, m in models.items():
+        base = BASELINE[n]
+        flops = train_flops_per_token(m, T) * x.numel()
+        out["variants"][n] = {"baseline": base, "first_step_s": first[n],
+                              "first_step_ratio": first[n] / first[base],
+                              "fwd_bwd_ms": 1e3 * statistics.median(t[n]["fwd_bwd"]),
+                              "fwd_bwd_ratio": ratio(t[n]["fwd_bwd"], t[base]["fwd_bwd"]),
+                              "mfu_fwd_bwd": flops / (2 * s["matmul"] ** 3) / ratio(t[n]["fwd_bwd"], mm)}
+    out["mesh_vs_base"] = ratio(t["mesh"]["fwd_bwd"], t["base"]["fwd_bwd"])
+    for m in models.values():
+        m.eval()
+    idx = torch.randint(vocab, (s["prefill_batch"], s["prompt"]), generator=gen).to(device)
+    t = interleaved({n: prefill_fn(compiled[n], idx, device, autocast) for n in ("plain", "t2mlr")}, repeats,
+                    warmup + 1, "7/7 compiled exact prefill")
+    out["prefill"] = {"tokens": list(idx.shape), "plain_ms": 1e3 * statistics.median(t["plain"]["prefill"]),
+                      "t2mlr_exact_ms": 1e3 * statistics.median(t["t2mlr"]["prefill"]),
+                      "ratio": ratio(t["t2mlr"]["prefill"], t["plain"]["prefill"])}
+    return out
 
 
 def markdown(r):
@@ -621,9 +677,20 @@ def markdown(r):
             f"bare tiktoken encode_ordinary_batch {k['tiktoken_tok_s'] / 1e6:.2f}M tok/s ({k['ratio']:.2f}× "
             "of bare)."
         )
+    if "compiled" in r:
+        c = r["compiled"]
+        lines += ["", "| compiled (support.runtime.compile_model) | first step s, compile included (× base) | "
+                  "fwd+bwd ms (× base) | MFU fwd+bwd |", "|---|---|---|---|"]
+        lines += [f"| {n} | {v['first_step_s']:.1f} ({v['first_step_ratio']:.2f}×) | {v['fwd_bwd_ms']:.1f} "
+                  f"({v['fwd_bwd_ratio']:.2f}×) | {100 * v['mfu_fwd_bwd']:.0f}% |" for n, v in c["variants"].items()]
+        p = c["prefill"]
+        lines += ["", f"Compiled: MeSH / base recursion fwd+bwd {c['mesh_vs_base']:.3f}×; exact T²MLR prefill of "
+                  f"{p['tokens'][0]} x {p['tokens'][1]} tokens {p['t2mlr_exact_ms']:.1f} ms vs plain "
+                  f"{p['plain_ms']:.1f} ms ({p['ratio']:.2f}×)."]
     lines += [
         "",
-        "Speed targets (our CPU goals; a ratio is measured against the same run's plain model):",
+        "Speed targets (our CPU goals, read from the eager measurements; a ratio is measured against the same "
+        "run's plain model):",
         "",
         "| target | measured | target | met? | reference (T²MLR code, CPU) | why it matters |",
         "|---|---|---|---|---|---|",
@@ -674,6 +741,8 @@ def main(argv=None):
     )
     p.add_argument("--exit_threshold", type=float, default=0.3,
                    help="the exit threshold of the decoding-with-exits rows (base, MeSH); default 0.3")
+    p.add_argument("--compile", action="store_true",
+                   help="also time every variant compiled (support.runtime.compile_model); minutes on a CPU")
     p.add_argument("--out", default="bench.json", help="default bench.json")
     args = p.parse_args(argv)
     t0 = time.time()
@@ -689,6 +758,7 @@ def main(argv=None):
         args.prefill_tol,
         args.prefill_lengths,
         args.exit_threshold,
+        args.compile,
     )
     result["wall_s"] = time.time() - t0
     print(markdown(result))

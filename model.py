@@ -1,9 +1,9 @@
 """One file, every variant: a vanilla GPT, recursive transformers with MeSH (arXiv 2510.07739), and
 T²MLR (arXiv 2607.15178). Comments cite the README's equations (M1)-(M2), (T1)-(T3) and the papers'
-sections, and give shapes: B batch, T positions of this call, C = n_embd, V vocabulary. "The
-reference" is the public T²MLR code (github.com/princeton-pli/T2MLR); "our reading", a choice the
-papers leave open. test_equivalence.py checks every variant against slow definitions in float64.
-Needs only torch (GPT.from_pretrained and `python model.py` import the rest of the repository)."""
+sections; shapes: B batch, T positions of this call, C = n_embd, V vocabulary. "The reference" is
+the T²MLR authors' public code; "our reading", a choice the papers leave open. test_equivalence.py
+tests each variant against slow float64 definitions. Needs only torch (from_pretrained and `python
+model.py` import the rest of the repository)."""
 
 import math
 import re
@@ -233,8 +233,7 @@ class GPT(nn.Module):
             s, e, C = *cfg.recurrent_layers, cfg.n_embd                        # l_start, l_end
             self.lower, self.middle, self.upper = layers[:s], layers[s:e + 1], layers[e + 1:]
             self.gate = nn.Module()     # holds (T1)'s weights, gate.*; (T1) is GPT.temporal_gate
-            # 5C² + 2C + 2 parameters: W_p; A = [A_r; A_x] (2C x 2C, its rows A_r then A_x) on
-            # g = [x; r~] with the biases [b_r; b_x]; θ_r, θ_x the global gates (0: an identity)
+            # W_p; A = [A_r; A_x] (2C x 2C) on g = [x; r~], biases [b_r; b_x]; θ_r, θ_x (0: off)
             self.gate.W_p, self.gate.A = nn.Linear(C, C, bias=False), nn.Linear(2 * C, 2 * C)
             self.gate.theta_r, self.gate.theta_x = (nn.Parameter(torch.zeros(1)) for _ in range(2))
         self.ln_f = type(self.layers[0].ln1)(cfg.n_embd, eps=cfg.norm_eps)     # the layers' norm
@@ -256,9 +255,8 @@ class GPT(nn.Module):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         if self.cfg.weight_init != "reference":      # depth-aware output projections (MeSH §4.1)
-            for layer in self.layers:
-                for proj in (layer.attn.proj, layer.mlp.down):
-                    nn.init.normal_(proj.weight, std=std / math.sqrt(2 * self.cfg.n_unrolled))
+            for proj in (p for layer in self.layers for p in (layer.attn.proj, layer.mlp.down)):
+                nn.init.normal_(proj.weight, std=std / math.sqrt(2 * self.cfg.n_unrolled))
         if self.gate is not None:
             self.init_gate()
 
@@ -344,9 +342,8 @@ class GPT(nn.Module):
             raise ValueError(f"a cache of {len(caches)} layer applications for {K} loops")
         h, buffer = self.run_layers(h_emb, self.prelude, pos, caches[:P]), None    # h_pre
         if mesh:                           # (M2) start: h_emb in slot 0 of n_slots, zeros elsewhere
-            buffer = torch.cat([h_emb[None], h_emb.new_zeros(cfg.n_slots - 1, *h_emb.shape)])
             u = h if cfg.mesh_trans_router_in == "pre" else h_emb     # the transitional step:
-            buffer, h = self.mesh_write_read(0, buffer, u=u, y=h)     # write y_0 = h_pre, read h(0)
+            buffer, h = self.mesh_write_read(0, h_emb, u=u, y=h)      # write y_0 = h_pre, read h(0)
         h0, buffer0, grad = h, buffer, torch.is_grad_enabled()
         # exits at test time: position (b, i) runs loops[b, i] loops, K' unless it exits
         exiting = exit_threshold is not None or exits is not None
@@ -364,7 +361,7 @@ class GPT(nn.Module):
             with torch.set_grad_enabled(grad and t >= cut):
                 y = self.run_layers(h, self.core, pos, loop_caches, held)   # y = f_core(h(t))
                 if mesh:               # write y_{t+1} = y, read h(t+1), routed by u = h(t)
-                    buffer, h = self.mesh_write_read(t + 1, buffer, u=h, y=y)
+                    buffer, h = self.mesh_write_read(t + 1, buffer, h, y, last=t == K - 1)
                 else:                  # (M1): h(t+1) = f_core(h(t)) + h_sup(t)
                     h_sup = {"base": 0, "residual": h, "anchor": h0, "anchor_star": h_emb}
                     h = y + h_sup[cfg.state_passing]
@@ -384,15 +381,21 @@ class GPT(nn.Module):
             stats["loops"] = loops                                         # (B, T)
         return self.run_layers(h, self.coda, pos, caches[P + K * n_core:])
 
-    def mesh_write_read(self, step: int, buffer, u, y):
-        """(M2) step k (MeSH Eq. 3): write y_k (B, T, C) into every slot of buffer (n_slots, B, T,
-        C), then read h_next (B, T, C) from the UPDATED buffer, both routed by u_k (B, T, C) with
-        step k's routers (0 the transitional step, t+1 after loop t). Returns (buffer, h_next)."""
-        fp32 = torch.promote_types(u.dtype, torch.float32)  # the softmax in fp32 (autocast)
-        step = min(step, self.cfg.max_loops)       # a loop past max_loops reuses the last routers
+    def mesh_write_read(self, step: int, buffer, u, y, last=False):
+        """(M2) step k (MeSH Eq. 3; 0 the transitional step, t+1 after loop t): write y_k (B, T, C)
+        into every slot of buffer (n_slots, B, T, C; step 0: h_emb, slot 0 of zeros), then read
+        h_next (B, T, C) from the UPDATED buffer, both routed by u_k with step k's routers; last:
+        not read again, the buffer is not written. Returns (buffer, h_next)."""
+        # the softmax in fp32 (autocast); a loop past max_loops reuses the last routers
+        fp32, step = torch.promote_types(u.dtype, torch.float32), min(step, self.cfg.max_loops)
         w_write = F.softmax(self.mesh.write_routers[step](u), dim=-1, dtype=fp32)  # (B, T, n)
         w_read = F.softmax(self.mesh.read_routers[step](u), dim=-1, dtype=fp32)
-        buffer = buffer + w_write.permute(2, 0, 1).unsqueeze(-1) * y   # out of place: autograd
+        if last:                           # the same read: Σ_n r_n (slot_n + w_n y) = ... + (r·w) y
+            y_read = (w_read * w_write).sum(-1, keepdim=True) * y
+            return buffer, (torch.einsum("btn,nbtc->btc", w_read, buffer) + y_read).to(y.dtype)
+        w = w_write.permute(2, 0, 1).unsqueeze(-1)                                 # (n, B, T, 1)
+        buffer = torch.addcmul(buffer, w, y) if buffer.dim() == 4 else \
+            torch.cat([torch.addcmul(buffer, w[0], y)[None], w[1:] * y])   # step 0: no zero slots
         h_next = torch.einsum("btn,nbtc->btc", w_read, buffer)
         return buffer, h_next.to(y.dtype)
 
@@ -454,13 +457,12 @@ class GPT(nn.Module):
         last one's output going on, gradient through it and the b before it; a no-grad sweep that
         moved the state by <= tol of its RMS ends those. "jacobi": the config's D, b, tol;
         "converged" (a prefill): D = T, b = 0, filling an empty cache. The lower layers run once."""
-        cfg = self.cfg
+        cfg, T = self.cfg, h_emb.shape[1]
         if mode not in ("jacobi", "converged"):              # "exact" is exact_forward
             raise ValueError(f"mode = {mode!r} must be one of 'jacobi', 'exact', 'converged'")
         if cache is not None and (mode == "jacobi" or cache.length):
             raise ValueError(f"mode {mode!r} cannot continue a cache of {cache.length} positions: "
                              f"use mode 'exact' ('converged' fills an empty one, for a prompt)")
-        T = h_emb.shape[1]
         D, b, tol = ((cfg.sweeps(T), cfg.jacobi_grad_sweeps, cfg.jacobi_tol) if mode == "jacobi"
                      else (T, 0, tol))       # converged: T sweeps make every position exact
         l_start, l_end = cfg.recurrent_layers
@@ -471,11 +473,10 @@ class GPT(nn.Module):
         def shift(R):     # R_t written at position t is read by token t + 1; token 0 reads R_{-1}=0
             return F.pad(R[:, :-1], (0, 0, 1, 0))
         # R_prev = R^(j-1), from R^(0) = 0 or the unmixed middle output shifted (init "plain")
+        R_prev = torch.zeros_like(x)
         if cfg.jacobi_init == "plain":
             with torch.set_grad_enabled(grad and b >= D):
                 R_prev = shift(self.run_layers(x, self.middle, pos))
-        else:
-            R_prev = torch.zeros_like(x)
         for j in range(1, D + 1):       # sweep j: R^(j) from R^(j-1), every position at once
             keep_grad, final = j >= D - min(b, D - 1), j == D   # the final one, the b before it
             if converged and not keep_grad:
@@ -506,7 +507,6 @@ class GPT(nn.Module):
         l_start, l_end = self.cfg.recurrent_layers
         caches = cache.layers if cache is not None else [None] * self.cfg.n_layer   # one per layer
         x = self.run_layers(h_emb, self.lower, pos, caches[:l_start])
-        # the middle layers' KV caches: each token attends to the keys of those before it
         middle_caches = caches[l_start:l_end + 1] if cache else [{} for _ in self.middle]
         x_part = self.gate_x_columns(x)                        # the speed-up: once, not every token
         R = cache.R if cache is not None and cache.R is not None else x.new_zeros(B, 1, C)

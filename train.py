@@ -42,7 +42,7 @@ from support.loop import LOOPS_SAMPLERS, draw_loops, evaluate, get_lr, make_trai
 from support.pretrained import config_from_hf, hf_checkpoint, load_hf_weights
 from support.process import keeps_process_state
 from support.runlog import RunLog
-from support.runtime import RunError, StopRequest, resolve_device, resolve_dtype, resume_command
+from support.runtime import RunError, StopRequest, compile_model, resolve_device, resolve_dtype, resume_command
 
 
 # -----------------------------------------------------------------------------
@@ -410,19 +410,16 @@ def build_model(cfg, model_cfg, s, device, ptdtype, rank, world_size):
 
 def compile_and_wrap(trainer, cfg, model_cfg, device, ddp, local_rank):
     """What trains (the model compiled and/or DDP-wrapped, set on trainer.model), what evaluates, and
-    T²MLR's middle-pass counter. compile: None = on for CUDA; exact training (and exact or converged
-    evaluation) is never compiled: its Python loop over tokens would unroll T steps."""
+    T²MLR's middle-pass counter. compile: None = on for CUDA (support.runtime.compile_model: T²MLR's layers,
+    gate and state update in place, once each, so its sweeps and tokens, exact ones too, never unroll)."""
     raw_model, device_type = trainer.raw_model, device.split(":")[0]
-    exact = model_cfg.t2mlr and cfg.train_mode == "exact"
-    use_compile = (device_type == "cuda" and not exact) if cfg.compile is None else cfg.compile and not exact
-    if cfg.compile and exact:
-        print("note: compile off for train_mode 'exact' (torch.compile would unroll its loop over T tokens)")
+    use_compile = device_type == "cuda" if cfg.compile is None else cfg.compile
     pass_counter = count_middle_passes(raw_model) if model_cfg.t2mlr else None  # a hook, before compiling
     random_depth = model_cfg.layout and cfg.loops_sampler != "fixed"
     if use_compile and random_depth:   # one static graph per loop count drawn (1 .. max_loops), never eager
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, model_cfg.max_loops)
         torch._dynamo.config.fail_on_recompile_limit_hit = True
-    compiled = torch.compile(raw_model, dynamic=False if random_depth else None) if use_compile else raw_model
+    compiled = compile_model(raw_model, dynamic=False if random_depth else None) if use_compile else raw_model
     # MeSH's routers of steps past a step's loop count (or in its truncated loops) get no gradient then
     unused = model_cfg.state_passing == "mesh" and model_cfg.layout != "" and (
         random_depth or cfg.loops_backprop is not None or model_cfg.max_loops > model_cfg.n_loops)

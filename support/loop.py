@@ -30,7 +30,7 @@ from support.runtime import RunError, autocast_context
 class Trainer:
     """What an optimizer step changes and a checkpoint saves (make_trainer builds it)."""
     cfg: object                           # a TrainConfig (train.py): schedule, grad_clip, AdamW settings
-    raw_model: torch.nn.Module            # never compiled or wrapped: clipped, saved, evaluated exactly
+    raw_model: torch.nn.Module            # never wrapped (T²MLR's parts compiled in place): clipped, saved
     model: torch.nn.Module                # what trains: raw_model, or it compiled and/or DDP-wrapped
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler          # loss scaling for float16; a no-op for the other dtypes
@@ -38,7 +38,7 @@ class Trainer:
     device: str
     ckpt_path: str                        # where save_state writes (named by the non-finite-loss error)
     ddp: bool = False                     # model is DDP-wrapped: gradients sync on the last micro-step
-    compiled: bool = False                # model is raw_model compiled (torch.compile)
+    compiled: bool = False                # model is raw_model compiled (support.runtime.compile_model)
 
 
 def make_trainer(raw_model, cfg, device, dtype, ckpt_path) -> Trainer:

@@ -1,6 +1,6 @@
 """
-Where a script runs: the device, the autocast dtype, the mixed-precision context, the GPUs' peak FLOP/s,
-and RunError, the one-line error of a run (train.py, sample.py, the studies).
+Where a script runs: the device, the autocast dtype, the mixed-precision context, compiling, the GPUs' peak
+FLOP/s, and RunError, the one-line error of a run (train.py, sample.py, the studies).
 """
 
 import os
@@ -27,6 +27,22 @@ PEAK_FLOPS = {
     "L40S": 362e12,
     "L4": 121e12,
 }
+
+
+def compile_model(model, **options):
+    """torch.compile what repeats. A flat or looped model: its whole forward, one graph (returned; `model`
+    is unchanged). T²MLR, in place: each layer's forward, the gate (T1) and the state update (T2), compiled
+    once each and called from the eager loop over Jacobi sweeps and exact tokens, so that neither D sweeps
+    nor T tokens unroll into one graph; returns `model`, whose hooks and state_dict keys stay as they were.
+    A KV cache that grows a token at a time compiles twice: at its first length, then once with the length
+    dynamic (torch's automatic dynamic shapes). options: torch.compile's (dynamic, backend, mode)."""
+    if model.gate is None:
+        return torch.compile(model, **options)
+    for layer in model.layers:
+        layer.forward = torch.compile(layer.forward, **options)
+    for name in ("temporal_gate", "state_update"):
+        setattr(model, name, torch.compile(getattr(model, name), **options))
+    return model
 
 
 def peak_flops(device, given=None):

@@ -70,12 +70,19 @@ def test_a_renamed_key_and_its_new_name_with_two_values_are_refused(tmp_path):
     assert cfg.state_passing == "anchor"
 
 
-def test_exact_training_is_never_compiled_and_says_so(tmp_path):
+@pytest.mark.slow
+def test_exact_training_compiles_its_parts_and_loses_what_eager_loses(tmp_path):
+    """T²MLR trained exactly, token by token, under --compile=True: its layers, gate and state update are
+    compiled once each (support.runtime.compile_model), and two steps' losses equal eager's to float tolerance."""
     write_dataset(tmp_path / "data" / "fox")
-    r = train_in(tmp_path, "--t2mlr=True", "--l_start=0", "--l_end=0", "--train_mode=exact", "--compile=True",
-                 "--max_iters=1", "--out_dir=o")
-    assert r.returncode == 0, r.stderr
-    assert "note: compile off for train_mode 'exact'" in r.stdout and "compile False" in r.stdout
+    losses = {}
+    for flag in ("True", "False"):
+        r = train_in(tmp_path, "--t2mlr=True", "--l_start=0", "--l_end=0", "--train_mode=exact", f"--compile={flag}",
+                     "--max_iters=2", "--eval_interval=100", "--log_interval=1", f"--out_dir=o{flag}")
+        assert r.returncode == 0, r.stderr
+        assert f"compile {flag}" in r.stdout
+        losses[flag] = [row["loss"] for row in read_log(tmp_path / f"o{flag}") if "loss" in row]
+    assert len(losses["True"]) == 2 and losses["True"] == pytest.approx(losses["False"], rel=1e-4)
 
 
 def test_a_device_this_machine_lacks_is_one_line(tmp_path):
