@@ -10,13 +10,13 @@ per-round ratio, so load from other processes hits both sides of every ratio ali
 
 Variants. MeSH family (GPT-NeoX blocks, as the MeSH paper): vanilla, base recursion and MeSH at the same
 unrolled depth (tiny: 8 layers vs 2+2R2+2). T²MLR family (LLaMA blocks): plain vs T²MLR Jacobi; the tiny
-size is the setting in which we timed the T²MLR reference code (github.com/princeton-pli/T2MLR) on CPU
+size is the setting in which we timed the T²MLR code (github.com/princeton-pli/T2MLR) on CPU
 (d 128, 8 layers, 4 heads, vocab 512, SwiGLU 512, layers 2..5 recurrent, T 256, batch 4, D 16, b 4,
-θ_r = θ_x = 0.5 so the recurrence is active), so its ratios compare directly with the reference
-implementation's (Jacobi 5.27×, decode 1.17×, exact prefill 14×).
+θ_r = θ_x = 0.5 so the recurrence is active), so its ratios compare directly with the T²MLR code's
+(Jacobi 5.27×, decode 1.17×, exact prefill 14×).
 
 Measurements, each the median of --repeats rounds after --warmup rounds:
-- train step: forward + backward (the reference's "fwd+bwd"), and the full step with the AdamW update;
+- train step: forward + backward (the T²MLR code's "fwd+bwd"), and the full step with the AdamW update;
   ratios to the family's plain model, and MeSH against base recursion;
 - memory: what one full step of one variant needs. On CUDA: the peak of torch.cuda.max_memory_allocated
   during the step above what was allocated before it (the other variants' weights, anything left over),
@@ -88,12 +88,12 @@ COMPILED = ("vanilla", "base", "mesh", "plain", "t2mlr")        # the variants o
 GENERATION = ("vanilla", "base", "mesh", "plain", "t2mlr")      # the variants of the batched-generation row
 BASELINE = {"vanilla": "vanilla", "base": "vanilla", "mesh": "vanilla", "plain": "plain", "t2mlr": "plain",
             "t2mlr_tol": "plain", "t2mlr_ckpt": "plain"}
-# the reference code (github.com/princeton-pli/T2MLR), timed by us on CPU in this tiny setting with a harness
+# the T²MLR code (github.com/princeton-pli/T2MLR), timed by us on CPU in this tiny setting with a harness
 # around its own code (not in this repository): its ratios to a plain model of the same weights
-REFERENCE = {"t2mlr_jacobi": 5.27, "t2mlr_decode": 1.17, "t2mlr_prefill": 14.0}
+T2MLR_CODE = {"t2mlr_jacobi": 5.27, "t2mlr_decode": 1.17, "t2mlr_prefill": 14.0}
 TARGETS = [   # (key in the results, description, bound, "<=" or ">=", why it matters): our CPU speed goals
     ("t2mlr_jacobi", "T²MLR Jacobi fwd+bwd / plain", 4.8, "<=",
-     "what training T²MLR in parallel costs (D sweeps of the middle layers); the reference code pays 5.27×"),
+     "what training T²MLR in parallel costs (D sweeps of the middle layers); the T²MLR code pays 5.27×"),
     ("t2mlr_decode", "T²MLR decode / plain, per token", 1.05, "<=",
      "generating with the KV cache and one recurrent state should cost what a plain model's does"),
     ("t2mlr_prefill", "T²MLR exact prefill / plain prefill", 5.0, "<=",
@@ -692,13 +692,13 @@ def markdown(r):
         "Speed targets (our CPU goals, read from the eager measurements; a ratio is measured against the same "
         "run's plain model):",
         "",
-        "| target | measured | target | met? | reference (T²MLR code, CPU) | why it matters |",
+        "| target | measured | target | met? | the T²MLR code (CPU) | why it matters |",
         "|---|---|---|---|---|---|",
     ]
     for key, desc, bound, op, why in TARGETS:
         tg = r["targets"][key]
         fmt = (lambda x: f"{100 * x:.0f}%") if key == "vanilla_mfu" else (lambda x: f"{x:.2f}×")
-        ref = f"{REFERENCE[key]:.2f}×" if key in REFERENCE else ""
+        ref = f"{T2MLR_CODE[key]:.2f}×" if key in T2MLR_CODE else ""
         lines.append(
             f"| {desc} | {fmt(tg['value'])} | {op} {fmt(bound)} | {'met' if tg['met'] else '**not met**'} | "
             f"{ref} | {why} |"
@@ -711,7 +711,7 @@ def main(argv=None):
     """Run the command line; returns the bench.json dict."""
     p = argparse.ArgumentParser(description="Speed and memory of every variant, interleaved in one process.")
     p.add_argument(
-        "--size", choices=list(SIZES), default="tiny", help="default tiny (T²MLR reference timings)"
+        "--size", choices=list(SIZES), default="tiny", help="default tiny (the T²MLR code's timings)"
     )
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1 ...")
     p.add_argument(

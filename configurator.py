@@ -10,18 +10,18 @@ is an error with a suggestion, not a silently ignored global as in nanoGPT's con
 """
 
 import ast
+import contextlib
 import dataclasses
 import difflib
 import inspect
-import math
 import re
 import runpy
 import sys
 import types
 import typing
 
-from support.compat import RENAMED_FIELDS
-from support.config import ConfigError, check_ranges  # noqa: F401 (the scripts import them from here too)
+from support.compat import RENAMED_FIELDS, renamed_value
+from support.config import ConfigError  # noqa: F401 (the scripts import it from here too)
 
 
 def _coerce(key, value, tp, where):
@@ -30,12 +30,9 @@ def _coerce(key, value, tp, where):
         if value is None and type(None) in typing.get_args(tp):
             return None
         for arg in typing.get_args(tp):
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(key, value, arg, where)
-            except ConfigError:
-                pass
+            if arg is not type(None):
+                with contextlib.suppress(ConfigError):
+                    return _coerce(key, value, arg, where)
     elif tp is bool and isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     elif tp is float and type(value) in (int, float):
@@ -50,89 +47,58 @@ def _type_name(tp):
     return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
 
 
-def _comments(cls):
-    """{field: its end-of-line comment in the class source}, for --help; {} if the source is unavailable."""
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return {}
-    return dict(re.findall(r"^\s+(\w+)\s*:[^#\n]*#\s*(.*)$", source, flags=re.M))
-
-
 def print_help(classes):
-    """Print every field of every dataclass with its type, default and comment."""
+    """Print every field of every dataclass with its type, default and end-of-line comment."""
     print("usage: python <script>.py [config/<name>.py ...] [--key=value ...]\n")
     for cls in classes:
-        comments, hints = _comments(cls), typing.get_type_hints(cls)
+        comments = dict(re.findall(r"^\s+(\w+)\s*:[^#\n]*#\s*(.*)$", inspect.getsource(cls), flags=re.M))
         print(f"{cls.__name__}:")
         for f in dataclasses.fields(cls):
-            tp = _type_name(hints[f.name])
-            default = f.default
             comment = f"  # {comments[f.name]}" if f.name in comments else ""
-            print(f"  --{f.name}={default!r}  ({tp}){comment}")
+            print(f"  --{f.name}={f.default!r}  ({_type_name(typing.get_type_hints(cls)[f.name])}){comment}")
         print()
 
 
 def load_config(argv, *classes, skip_unknown=False, defer=()):
-    """Build one instance of each dataclass in `classes` from config files and --key=value overrides.
-
-    argv: e.g. sys.argv[1:]: `*.py` config files (run in order, names starting with '_' and
-    modules/functions/classes skipped), then or among them `--key=value` (split on the first '=',
-    value parsed with ast.literal_eval, or taken as a raw string when that fails), `--help`.
-    classes: dataclasses (GPTConfig, TrainConfig, ...); each key goes to the one that has that field.
-    Each is built as cls(**its overrides), never by dataclasses.replace: GPTConfig.__post_init__ fills
-    in defaults that depend on other fields (mlp_hidden = 4*n_embd, ...), which a copy would freeze.
-    skip_unknown: skip the keys no class has, e.g. the training keys of a config file read by
-    `python model.py` (which must not import train.py); a key within a typo of a field (difflib ratio
-    >= 0.8, e.g. 'n_layers') is still an error.
-    defer: classes returned as their {key: value} overrides instead of an instance, for a caller that
-    builds them on other defaults (train.py's GPTConfig on a released model's config, --init_from=hf:...).
-    Returns (instances, given): a list of instances, one per class, in order, and the set of the keys
-    the user set, in a config file or on the command line. `given` is the only record of what was set:
-    a value equal to the default may have been given, so never compare with the defaults to find out.
-    `--help` prints all fields and exits 0.
-    Raises ConfigError for an unknown key (with a close match), a wrong type, a bad argument, or an
-    invalid value or combination that a dataclass's __post_init__ rejects with ValueError.
-    """
+    """(instances, given): one instance of each dataclass in `classes` (each key goes to the one with that
+    field), built as cls(**its keys) from argv's `*.py` files (run in order; names starting with '_', modules,
+    functions, classes skipped) and `--key=value` (ast.literal_eval, else the raw string); `given`, the keys
+    set, is the only record of what was set (a default may have been). An old key or value (support.compat)
+    is read as the new one, with a note. skip_unknown: skip keys no class has, but typos; defer: classes
+    returned as their {key: value} (train.py builds GPTConfig on a released model's). Raises ConfigError."""
     hints = [typing.get_type_hints(cls) for cls in classes]
     owner = {f.name: i for i, cls in enumerate(classes) for f in dataclasses.fields(cls)}
     if len(owner) < sum(len(dataclasses.fields(cls)) for cls in classes):
-        raise TypeError(
-            f"two of {[cls.__name__ for cls in classes]} share a field name: a key must have one owner"
-        )
-    overrides = [{} for _ in classes]
+        raise TypeError(f"two of {[cls.__name__ for cls in classes]} share a field name: a key must have one owner")
+    overrides, spellings = [{} for _ in classes], {}      # spellings: key -> {name given: (value, where)}
 
-    spellings = {}                            # key -> {the name it was given under: (value, where)}
-
-    def assign(key, value, where, raw=None):
+    def assign(key, value, where, raw):
         name = key
-        if key in RENAMED_FIELDS and RENAMED_FIELDS[key] in owner:    # an old name: read under the new one
-            print(f"note: config key '{key}' in {where} is now called '{RENAMED_FIELDS[key]}' (the same "
-                  f"setting)", file=sys.stderr)
+        if RENAMED_FIELDS.get(key) in owner:              # an old name: read under the new one
             key = RENAMED_FIELDS[key]
-        spellings.setdefault(key, {})[name] = (value, where)
-        if len(spellings[key]) > 1 and len({repr(v) for v, _ in spellings[key].values()}) > 1:
-            given = " and ".join(f"{n}={v!r} ({w})" for n, (v, w) in spellings[key].items())
-            raise ConfigError(f"{given} name one setting with two values: give it once")
+            print(f"note: config key '{name}' in {where} is now called '{key}' (the same setting)", file=sys.stderr)
         if key not in owner:
             close = difflib.get_close_matches(key, owner, n=1, cutoff=0.8 if skip_unknown else 0.6)
             if skip_unknown and not close:
                 return
-            raise ConfigError(
-                f"unknown config key '{key}' in {where}" + (f" (did you mean '{close[0]}'?)" if close else "")
-            )
+            raise ConfigError(f"unknown config key '{key}' in {where}" + (f" (did you mean '{close[0]}'?)" if close
+                                                                          else ""))
+        if renamed_value(key, value) != value:            # an old value: read as the new one
+            print(f"note: {key} {value!r} in {where} is now {renamed_value(key, value)!r} (the same setting)",
+                  file=sys.stderr)
+            value = raw = renamed_value(key, value)
+        spellings.setdefault(key, {})[name] = (value, where)
+        if len({repr(v) for v, _ in spellings[key].values()}) > 1:
+            given = " and ".join(f"{n}={v!r} ({w})" for n, (v, w) in spellings[key].items())
+            raise ConfigError(f"{given} name one setting with two values: give it once")
         i = owner[key]
         try:
             overrides[i][key] = _coerce(key, value, hints[i][key], where)
-        except ConfigError:
-            if raw is None or raw == value:
-                raise
-            try:                              # a CLI string field may look like a literal: --dataset=123
+        except ConfigError as error:
+            try:                                          # a CLI string field may look like a literal: --dataset=123
                 overrides[i][key] = _coerce(key, raw, hints[i][key], where)
             except ConfigError:
-                raise ConfigError(
-                    f"{key}={value!r} ({where}): expected {_type_name(hints[i][key])}"
-                ) from None
+                raise error from None
 
     for arg in argv:
         if arg in ("-h", "--help"):
@@ -153,10 +119,8 @@ def load_config(argv, *classes, skip_unknown=False, defer=()):
             except OSError as e:
                 raise ConfigError(f"cannot read config file {arg}: {e.strerror}") from None
             for key, value in namespace.items():
-                if not key.startswith("_") and not isinstance(
-                    value, (types.ModuleType, types.FunctionType, type)
-                ):
-                    assign(key, value, arg)
+                if not key.startswith("_") and not isinstance(value, (types.ModuleType, types.FunctionType, type)):
+                    assign(key, value, arg, value)
         else:
             raise ConfigError(f"argument '{arg}' is neither a config file (*.py) nor --key=value")
     try:
@@ -168,6 +132,4 @@ def load_config(argv, *classes, skip_unknown=False, defer=()):
 
 def given_values(given, *instances) -> dict:
     """{key: value} of the keys in `given` (load_config's record), in field order: what the user set."""
-    return {
-        f.name: getattr(cfg, f.name) for cfg in instances for f in dataclasses.fields(cfg) if f.name in given
-    }
+    return {f.name: getattr(cfg, f.name) for cfg in instances for f in dataclasses.fields(cfg) if f.name in given}

@@ -1,9 +1,9 @@
 """One file, every variant: a vanilla GPT, recursive transformers with MeSH (arXiv 2510.07739), and
 T²MLR (arXiv 2607.15178). Comments cite the README's equations (M1)-(M2), (T1)-(T3) and the papers'
-sections; shapes: B batch, T positions of this call, C = n_embd, V vocabulary. "The reference" is
-the T²MLR authors' public code; "our reading", a choice the papers leave open. test_equivalence.py
-tests each variant against slow float64 definitions. Needs only torch (from_pretrained and `python
-model.py` import the rest of the repository)."""
+sections; shapes: B batch, T positions of this call, C = n_embd (the width), V vocabulary.
+"The T²MLR code" is the authors' public code; "our reading", a choice the papers leave open.
+test_equivalence.py tests each variant against slow float64 definitions. Needs only torch
+(from_pretrained and `python model.py` import the rest of the repository)."""
 
 import math
 import re
@@ -51,7 +51,11 @@ class Layer(nn.Module):
 
     def forward(self, x, cos, sin, cache=None, held=None, pos=0):
         x_attn = x + self.attention(self.ln1(x), cos, sin, cache, held, pos)
-        return x_attn + self.feed_forward(self.ln2(x if self.parallel else x_attn))
+        up = self.mlp.up(self.ln2(x if self.parallel else x_attn))    # the MLP on the same x (neox)
+        if self.swiglu:              # SwiGLU (llama): down(silu(x W_g) * x W_u), up = [W_g W_u]
+            xg, xu = up.chunk(2, dim=-1)
+            return x_attn + self.mlp.down(F.silu(xg) * xu)
+        return x_attn + self.mlp.down(F.gelu(up))                        # GELU (neox)
 
     def attention(self, x, cos, sin, cache: Optional[dict] = None, held=None, pos=0):
         """Causal self-attention, grouped-query heads (n_kv_head <= n_head), rotary, SDPA: x (B, T,
@@ -88,64 +92,9 @@ class Layer(nn.Module):
                                            is_causal=past == 0 and mask is None)
         return self.attn.proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
-    def feed_forward(self, x):
-        """The MLP: GELU (neox: down(gelu(up x))) or SwiGLU (llama: down(silu(x W_g) * x W_u))."""
-        if self.swiglu:              # SwiGLU: silu(x W_g) * (x W_u), both halves of one matmul
-            xg, xu = self.mlp.up(x).chunk(2, dim=-1)
-            return self.mlp.down(F.silu(xg) * xu)
-        return self.mlp.down(F.gelu(self.mlp.up(x)))
-
 
 # -----------------------------------------------------------------------------
-# Configuration: every setting's valid values in one table, the layout, the fields
-
-def one_of(*values):
-    return (lambda v, c: v in values), "one of " + ", ".join(map(repr, values))
-
-
-# Every setting's valid values: names -> (test(value, config), what is valid: text or text(config))
-CHECKS = {name: rule for names, rule in {
-    "flavour": one_of("neox", "llama"), "weight_init": one_of("mesh", "reference"),
-    "state_passing": one_of("base", "residual", "anchor", "anchor_star", "mesh"),
-    "mesh_trans_router_in": one_of("pre", "emb"), "jacobi_init": one_of("zero", "plain"),
-    "prefill": one_of("exact", "converged"),
-    "vocab_size block_size n_layer n_embd jacobi_sweeps": ((lambda v, c: v >= 1), ">= 1"),
-    "jacobi_lag": ((lambda v, c: v >= 0), ">= 0 (0: D = jacobi_sweeps)"),
-    "n_head": (lambda v, c: v >= 1 and c.n_embd % v == 0, "a divisor of n_embd"),
-    "n_kv_head": (lambda v, c: v >= 1 and c.n_head % v == 0, "a divisor of n_head"),
-    "mlp_hidden": (lambda v, c: v >= 1 if v is not None else c.flavour == "neox",
-                   ">= 1 (None = 4 n_embd, neox only: llama needs its SwiGLU width)"),
-    "mesh_slots": (lambda v, c: v is None or v >= 2, ">= 2 or None"),
-    "rope_theta norm_eps gate_weight_gain": ((lambda v, c: 0 < v < math.inf), "finite and > 0"),
-    "rope_pct": (lambda v, c: 0 <= v <= 1, "in [0, 1] or None"),
-    "gate_bias_prob": (lambda v, c: v is None or 0 < v < 1, "in (0, 1) or None"),
-    "jacobi_tol prefill_tol": ((lambda v, c: 0 <= v < 1), "in [0, 1)"),
-    "jacobi_grad_sweeps": (lambda v, c: 0 <= v <= c.jacobi_sweeps,
-                           lambda c: f"in [0, jacobi_sweeps = {c.jacobi_sweeps}]"),
-    "layout": (lambda v, c: v == "" or c.depth is not None and min(c.depth[1:3]) >= 1,
-               "'' (flat) or 'P+CRK+Q': C >= 1 core layers looped K >= 1 times, e.g. '2+4R2+2'"),
-    "t2mlr": (lambda v, c: not (v and c.layout), "False with a layout: T²MLR needs a flat stack"),
-    "max_loops": (lambda v, c: v is None or bool(c.layout) and v >= c.depth[2],  # after layout
-                  lambda c: f">= the layout's K = {c.depth[2]}" if c.layout else "None: no loops"),
-    "n_loops loops_backprop": ((lambda v, c: v is None or v >= 1), ">= 1 or None"),
-    "exit_threshold": ((lambda v, c: v is None or v >= 0), ">= 0 (0: never exit) or None"),
-    "l_start": (lambda v, c: not c.t2mlr or 0 <= min(c.recurrent_layers)
-                and c.recurrent_layers[0] <= c.recurrent_layers[1] < c.n_layer,
-                lambda c: f"<= l_end = {c.l_end}, both in -{c.n_layer} .. {c.n_layer - 1}"),
-    "temperature": ((lambda v, c: v >= 0), ">= 0 (0 = greedy)"),
-    "top_k": (lambda v, c: v is None or v >= 1, ">= 1 (sample from the k most likely) or None"),
-    "stop_token": (lambda v, c: v is None or 0 <= v < c.vocab_size, "a token id or None"),
-}.items() for name in names.split()}
-
-
-def check(cfg=None, **values):
-    """Refuse a value outside CHECKS (nan fails every test): ValueError "<name> = <value> must be
-    <what is valid>". cfg: the config the tests read, if any."""
-    for name, value in values.items():
-        test, text = CHECKS[name]
-        if not test(value, cfg):
-            raise ValueError(f"{name} = {value!r} must be {text(cfg) if callable(text) else text}")
-
+# Configuration: the fields of every variant (their valid values: CHECKS, at the end)
 
 @dataclass
 class GPTConfig:
@@ -155,7 +104,7 @@ class GPTConfig:
     vocab_size: int = 50304          # GPT-2's 50257 padded to a multiple of 64
     block_size: int = 1024           # maximum sequence length T
     n_layer: int = 12                # depth of a vanilla model (used when layout is "")
-    layout: str = ""                 # recursive "P+CRK+Q": prelude, core, K loops, coda (MeSH)
+    layout: str = ""                 # recursive "P+NRK+Q": prelude, core, K loops, coda (MeSH)
     n_head: int = 12
     n_kv_head: Optional[int] = None  # grouped-query attention; None = n_head
     n_embd: int = 768                # C (the papers' d)
@@ -166,7 +115,7 @@ class GPTConfig:
     tie_embeddings: Optional[bool] = None  # None = False (neox, Pythia) / True (llama, SmolLM2)
     norm_eps: float = 1e-5
     embed_scale: bool = True         # embeddings times sqrt(C) (MeSH §4.1); False: Pythia, SmolLM2
-    weight_init: str = "mesh"        # "mesh" (GPT.init_weights) or "reference" (T²MLR's, HF Llama)
+    weight_init: str = "mesh"        # "mesh" (GPT.init_weights) or "normal_0.02" (the T²MLR code's)
     state_passing: str = "base"      # h_sup of (M1): base, residual, anchor, anchor_star; mesh (M2)
     mesh_slots: Optional[int] = None  # n_slots (the paper's B); None = K + 3 (MeSH §4.4, Table 3)
     mesh_trans_router_in: str = "pre"  # transitional routers read h_pre (our reading) or "emb"
@@ -179,9 +128,9 @@ class GPTConfig:
     jacobi_lag: int = 0              # > 0: D = max(1, T - lag) for T tokens: D follows the length
     jacobi_tol: float = 0.0          # > 0: stop no-grad sweeps once the state moves less (relative)
     jacobi_checkpoint: bool = False  # recompute the b sweeps' middle layers in backward (memory)
-    jacobi_init: str = "zero"        # R^(0): "zero" (ours) or "plain" (reference's, +1 middle pass)
-    recurrent_residual: bool = True  # R_t = s·(h_t + R_{t-1}), not h_t (the reference's FineWeb)
-    recurrent_detach: bool = False   # no gradient along the R chain (reference: FineWeb off, S5 on)
+    jacobi_init: str = "zero"        # R^(0): "zero" (ours) or "ungated" (the T²MLR code's, +1 pass)
+    recurrent_residual: bool = True  # R_t = s·(h_t + R_{t-1}), not h_t (the T²MLR code's FineWeb)
+    recurrent_detach: bool = False   # no gradient along R (the T²MLR code: FineWeb off, S5 on)
     gate_bias_prob: Optional[float] = None  # b_r = b_x = logit(p) (S5: 0.5); None = Linear default
     gate_weight_gain: float = 1.0    # xavier-normal gain of A_r, A_x (FineWeb, S5: 1.0; SFT: 1e-2)
 
@@ -194,7 +143,7 @@ class GPTConfig:
         # T²MLR's (l_start, l_end) as layer indices; a negative one counts from the end (no wrap)
         self.recurrent_layers = tuple(i + self.n_layer if i < 0 else i
                                       for i in (self.l_start, self.l_end))
-        # "P+CRK+Q" -> (n_prelude, n_core, K, n_coda): "2+4R2+2" -> (2, 4, 2, 2); None if malformed
+        # "P+NRK+Q" -> (n_prelude, n_core, K, n_coda): "2+4R2+2" -> (2, 4, 2, 2); None if malformed
         m = re.fullmatch(r"(\d+)\+(\d+)R(\d+)\+(\d+)", self.layout.replace(" ", ""))
         self.depth = m and tuple(map(int, m.groups())) if self.layout else (self.n_layer, 0, 0, 0)
         check(self, **{name: getattr(self, name) for name in CHECKS if hasattr(self, name)})
@@ -205,16 +154,12 @@ class GPTConfig:
         self.max_loops = K if self.layout and self.max_loops is None else self.max_loops
         self.n_slots = self.mesh_slots or K + 3               # MeSH's buffer (MeSH §4.4, Table 3)
 
-    def sweeps(self, T: int) -> int:
-        """D, the Jacobi sweeps of a training step on T tokens: jacobi_sweeps, or T - jacobi_lag."""
-        return max(1, T - self.jacobi_lag) if self.jacobi_lag else self.jacobi_sweeps
-
 
 # -----------------------------------------------------------------------------
 # The model
 
 class GPT(nn.Module):
-    """A decoder-only language model: vanilla (every layer once), recursive (layout "P+CRK+Q": the
+    """A decoder-only language model: vanilla (every layer once), recursive (layout "P+NRK+Q": the
     core looped K times, MeSH) or T²MLR (layers l_start..l_end recurrent in time)."""
 
     def __init__(self, cfg: GPTConfig):
@@ -222,7 +167,7 @@ class GPT(nn.Module):
         self.cfg, self.wte = cfg, nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_unique))   # each once, in order
         layers, self.mesh, self.gate = list(self.layers), None, None
-        if cfg.layout:      # the layout's groups (MeSH §3.1), plain lists of the registered layers
+        if cfg.layout:      # the layout's groups (MeSH §3.1), lists of the registered layers
             P, n_core, K = cfg.depth[:3]
             self.prelude, self.core, self.coda = layers[:P], layers[P:P+n_core], layers[P+n_core:]
             if cfg.state_passing == "mesh":   # (M2): a write and a read router per step k = 0..K
@@ -247,14 +192,15 @@ class GPT(nn.Module):
     def init_weights(self):
         """MeSH §4.1 (Huginn's base std where the paper gives none): weights N(0, 2/(5C)), biases 0,
         attention-out and MLP-down std / sqrt(2 · unrolled depth); the routers too (never zero:
-        ours); the gate its own. weight_init "reference": the T²MLR code's N(0, 0.02²), unscaled."""
-        std = 0.02 if self.cfg.weight_init == "reference" else math.sqrt(2 / (5 * self.cfg.n_embd))
+        ours); the gate its own. weight_init "normal_0.02": the T²MLR code's N(0, 0.02²)."""
+        flat = self.cfg.weight_init == "normal_0.02"
+        std = 0.02 if flat else math.sqrt(2 / (5 * self.cfg.n_embd))
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):       # norms keep their 1 and 0
                 nn.init.normal_(module.weight, mean=0.0, std=std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        if self.cfg.weight_init != "reference":      # depth-aware output projections (MeSH §4.1)
+        if not flat:      # depth-aware output projections (MeSH §4.1)
             for proj in (p for layer in self.layers for p in (layer.attn.proj, layer.mlp.down)):
                 nn.init.normal_(proj.weight, std=std / math.sqrt(2 * self.cfg.n_unrolled))
         if self.gate is not None:
@@ -333,7 +279,7 @@ class GPT(nn.Module):
         state passing `state_passing` between loops (§3.1) or MeSH's buffer (§3.2), the coda. At
         test time: n_loops K' instead of K; exit_threshold τ: a position stops looping once its
         state moves by < τ, or after the loops `exits` (B, T) gives; stats gets "loops" (B, T).
-        loops_backprop k: only the last k loops carry gradient."""
+        loops_backprop: only the last loops_backprop loops carry gradient."""
         cfg, mesh = self.cfg, self.cfg.state_passing == "mesh"
         P, n_core, _, Q = cfg.depth                            # layers per group
         K, T = n_loops or cfg.n_loops, h_emb.shape[1]          # loops of the core
@@ -350,29 +296,29 @@ class GPT(nn.Module):
         loops = exits if exits is not None else torch.full((h.shape[0], T), K, device=h.device)
         caches = [{} for _ in caches] if exiting and cache is None else caches   # keys per loop
         cut = K - min(loops_backprop or K, K)   # truncation: loops before `cut` have no gradient
-        for t in range(K):                # K loops of the same weights, each with its own KV caches
-            loop_caches = caches[P + t * n_core:P + (t + 1) * n_core]
-            if t == cut > 0:   # the truncated loops' state, its gradient to h(0) as an identity
+        for k in range(K):                # K loops of the same weights, each with its own KV caches
+            loop_caches = caches[P + k * n_core:P + (k + 1) * n_core]
+            if k == cut > 0:   # the truncated loops' state, its gradient to h(0) as an identity
                 h = h0 + (h - h0).detach()
                 buffer = buffer0 + (buffer - buffer0).detach() if mesh else None
-            h_prev, buffer_prev, active = h, buffer, loops > t        # active (B, T): looping
-            held = (~active[:, None, :, None], caches[P + (t - 1) * n_core:P + t * n_core]) \
-                if exiting and t > 0 else None
-            with torch.set_grad_enabled(grad and t >= cut):
-                y = self.run_layers(h, self.core, pos, loop_caches, held)   # y = f_core(h(t))
-                if mesh:               # write y_{t+1} = y, read h(t+1), routed by u = h(t)
-                    buffer, h = self.mesh_write_read(t + 1, buffer, h, y, last=t == K - 1)
-                else:                  # (M1): h(t+1) = f_core(h(t)) + h_sup(t)
+            h_prev, buffer_prev, active = h, buffer, loops > k        # active (B, T): looping
+            held = (~active[:, None, :, None], caches[P + (k - 1) * n_core:P + k * n_core]) \
+                if exiting and k > 0 else None
+            with torch.set_grad_enabled(grad and k >= cut):
+                y = self.run_layers(h, self.core, pos, loop_caches, held)   # y = f_core(h(k))
+                if mesh:               # write y_{k+1} = y, read h(k+1), routed by u = h(k)
+                    buffer, h = self.mesh_write_read(k + 1, buffer, h, y, last=k == K - 1)
+                else:                  # (M1): h(k+1) = f_core(h(k)) + h_sup(k)
                     h_sup = {"base": 0, "residual": h, "anchor": h0, "anchor_star": h_emb}
                     h = y + h_sup[cfg.state_passing]
             if exiting:        # ---- an exited position keeps its state (and its MeSH buffer)
                 if exit_threshold is not None:   # the relative change (Huginn's "latent-diff")
                     change = (h - h_prev).norm(dim=-1) / h.norm(dim=-1)
-                    loops = torch.where(active & (change < exit_threshold), t + 1, loops)
+                    loops = torch.where(active & (change < exit_threshold), k + 1, loops)
                 h = torch.where(active[..., None], h, h_prev)
                 buffer = torch.where(active[..., None], buffer, buffer_prev) if mesh else None
-                if not (loops > t + 1).any():   # all done: decoding saves the later loops, whose
-                    later = caches[P + (t + 1) * n_core:P + K * n_core] if cache else []
+                if not (loops > k + 1).any():   # all done: decoding saves the later loops, whose
+                    later = caches[P + (k + 1) * n_core:P + K * n_core] if cache else []
                     for c, last in zip(later, loop_caches * K):   # caches get this loop's keys
                         c.update({n: torch.cat([c[n], last[n][:, :, -T:]], 2) if c else
                                   last[n][:, :, -T:] for n in ("k", "v")})
@@ -382,10 +328,10 @@ class GPT(nn.Module):
         return self.run_layers(h, self.coda, pos, caches[P + K * n_core:])
 
     def mesh_write_read(self, step: int, buffer, u, y, last=False):
-        """(M2) step k (MeSH Eq. 3; 0 the transitional step, t+1 after loop t): write y_k (B, T, C)
-        into every slot of buffer (n_slots, B, T, C; step 0: h_emb, slot 0 of zeros), then read
-        h_next (B, T, C) from the UPDATED buffer, both routed by u_k with step k's routers; last:
-        not read again, the buffer is not written. Returns (buffer, h_next)."""
+        """(M2) one step (MeSH Eq. 3; step 0 the transitional one, step k+1 after loop k): write y
+        (B, T, C) into every slot of buffer (n_slots, B, T, C; step 0: h_emb, slot 0 of zeros), then
+        read h_next (B, T, C) from the UPDATED buffer, both routed by u with the step's routers;
+        last: not read again, the buffer is not written. Returns (buffer, h_next)."""
         # the softmax in fp32 (autocast); a loop past max_loops reuses the last routers
         fp32, step = torch.promote_types(u.dtype, torch.float32), min(step, self.cfg.max_loops)
         w_write = F.softmax(self.mesh.write_routers[step](u), dim=-1, dtype=fp32)  # (B, T, n)
@@ -393,17 +339,17 @@ class GPT(nn.Module):
         if last:                           # the same read: Σ_n r_n (slot_n + w_n y) = ... + (r·w) y
             y_read = (w_read * w_write).sum(-1, keepdim=True) * y
             return buffer, (torch.einsum("btn,nbtc->btc", w_read, buffer) + y_read).to(y.dtype)
-        w = w_write.permute(2, 0, 1).unsqueeze(-1)                                 # (n, B, T, 1)
-        buffer = torch.addcmul(buffer, w, y) if buffer.dim() == 4 else \
-            torch.cat([torch.addcmul(buffer, w[0], y)[None], w[1:] * y])   # step 0: no zero slots
-        h_next = torch.einsum("btn,nbtc->btc", w_read, buffer)
+        written = torch.einsum("btn,btc->nbtc", w_write, y)       # slot n gets w_write[..., n] y
+        buffer = buffer + written if buffer.dim() == 4 else \
+            torch.cat([(buffer + written[0])[None], written[1:]])   # step 0: no zero slots built
+        h_next = torch.einsum("btn,nbtc->btc", w_read, buffer)    # read: Σ_n w_read[..., n] m_n
         return buffer, h_next.to(y.dtype)
 
     # ---- time: T²MLR (arXiv 2607.15178; README (T1)-(T3)) ----------------------------------------
 
     @torch.no_grad()
     def init_gate(self):
-        """The reference's: W_p as nn.Linear; A xavier-normal, std gain·sqrt(2/(3C)), x columns
+        """The T²MLR code's: W_p as nn.Linear; A xavier-normal, std gain·sqrt(2/(3C)), x columns
         first; b_r = b_x = logit(gate_bias_prob) (None: U(±1/sqrt(2C))); θ = 0."""
         gate, C = self.gate, self.cfg.n_embd
         gate.W_p.reset_parameters()
@@ -418,31 +364,26 @@ class GPT(nn.Module):
         gate.theta_r.zero_()
         gate.theta_x.zero_()
 
-    def temporal_gate(self, x, r, x_part=None, control=None):
-        """(T1), the reference's "gated" mixer: x' from x (B, L, C), the input of l_start, and r =
-        R_{t-1} (B, L or 1, C); x_part: gate_x_columns(x), if the caller computed it once; tokens
-        whose control flow c_t (control (B, L, 1), docs/control_flow.md) is 0 or 1 pass x."""
+    def temporal_gate(self, x, r, control=None, x_part=None):
+        """(T1), the T²MLR code's "gated" mixer: x' from x (B, T, C), the input of l_start, and r =
+        R_{t-1} (B, T or 1, C); a token whose control flow c_t (control (B, T, 1),
+        docs/control_flow.md) is 0 or 1 passes x. x_part: Jacobi's speed-up, see jacobi_forward."""
         gate = self.gate
-        r_tilde = gate.W_p(r)                                         # W_p R_{t-1}, (B, L or 1, C)
+        r_tilde = gate.W_p(r)                                         # W_p R_{t-1}, (B, T or 1, C)
         if x_part is None:
             a = gate.A(torch.cat([x, r_tilde.expand_as(x)], dim=-1))      # A g + b, g = [x; r~]
-        else:                                                                 # the same, split
+        else:                    # the same, A's x columns (and b) already applied to x: x_part
             a = x_part + F.linear(r_tilde, gate.A.weight[:, x.shape[-1]:])
         a_r, a_x = torch.sigmoid(a).chunk(2, dim=-1)                          # the local gates
-        # θ are fp32 master weights; autocast leaves tanh in fp32 (as the reference)
+        # θ are fp32 master weights; autocast leaves tanh in fp32 (as the T²MLR code)
         gamma_r, gamma_x = (torch.tanh(theta).to(x.dtype) for theta in (gate.theta_r, gate.theta_x))
         x_mixed = x + gamma_r * a_r * r_tilde + gamma_x * a_x * x
         return x_mixed if control is None else torch.where(control > 1, x_mixed, x)
 
-    def gate_x_columns(self, x):
-        """Speed-up: A[:, :C] x + b (B, L, 2C), once for a caller that runs the gate many times on x
-        (every sweep, every token): temporal_gate(x, r, gate_x_columns(x)) = temporal_gate(x, r)."""
-        return F.linear(x, self.gate.A.weight[:, :x.shape[-1]], self.gate.A.bias)
-
     def state_update(self, h, R_prev, control=None):
-        """(T2) as the reference writes it: R = s·(h + R_prev), s = clamp(1/rms, 0.2, 5) (1e-6
-        inside the rms) a stop-gradient constant; h (B, L, C) the middle output, R_prev (B, L or 1,
-        C) the state read -> R (B, L, C). R = h without recurrent_residual and where c_t = 1; a pad
+        """(T2) as the T²MLR code writes it: R = s·(h + R_prev), s = clamp(1/rms, 0.2, 5) (1e-6
+        inside the rms) a stop-gradient constant; h (B, T, C) the middle output, R_prev (B, T or 1,
+        C) the state read -> R (B, T, C). R = h without recurrent_residual and where c_t = 1; a pad
         (c_t = 0) keeps R_prev."""
         R = h
         if self.cfg.recurrent_residual:
@@ -453,70 +394,72 @@ class GPT(nn.Module):
         return R
 
     def jacobi_forward(self, h_emb, pos, c=None, mode="jacobi", tol: float = 0.0, cache=None):
-        """(T3), h_emb (B, T, C) at pos, c (B, T, 1) -> the top output (B, T, C): D sweeps, the
-        last one's output going on, gradient through it and the b before it; a no-grad sweep that
-        moved the state by <= tol of its RMS ends those. "jacobi": the config's D, b, tol;
-        "converged" (a prefill): D = T, b = 0, filling an empty cache. The lower layers run once."""
+        """(T3), h_emb (B, T, C) at pos, c (B, T, 1) -> the top output (B, T, C): the lower layers
+        once, D sweeps of the middle ones, the upper layers on the final sweep's output. "jacobi"
+        (training): the config's D and b; "converged" (a prompt into an empty cache): D = T, b = 0,
+        and a sweep that moves the state by <= tol of its RMS ends the sweeps before the final."""
         cfg, T = self.cfg, h_emb.shape[1]
         if mode not in ("jacobi", "converged"):              # "exact" is exact_forward
             raise ValueError(f"mode = {mode!r} must be one of 'jacobi', 'exact', 'converged'")
         if cache is not None and (mode == "jacobi" or cache.length):
             raise ValueError(f"mode {mode!r} cannot continue a cache of {cache.length} positions: "
                              f"use mode 'exact' ('converged' fills an empty one, for a prompt)")
-        D, b, tol = ((cfg.sweeps(T), cfg.jacobi_grad_sweeps, cfg.jacobi_tol) if mode == "jacobi"
-                     else (T, 0, tol))       # converged: T sweeps make every position exact
+        if mode == "jacobi":            # D: jacobi_sweeps, or T - jacobi_lag (D follows the length)
+            D = max(1, T - cfg.jacobi_lag) if cfg.jacobi_lag else cfg.jacobi_sweeps
+            b, tol = cfg.jacobi_grad_sweeps, cfg.jacobi_tol
+        else:                           # converged: T sweeps make every position exact
+            D, b = T, 0
         l_start, l_end = cfg.recurrent_layers
         caches = cache.layers if cache is not None else [None] * cfg.n_layer      # one per layer
         x = self.run_layers(h_emb, self.lower, pos, caches[:l_start])  # the same in every sweep
-        x_part = self.gate_x_columns(x)                        # the speed-up: once, not every sweep
-        grad, converged = torch.is_grad_enabled(), False
-        def shift(R):     # R_t written at position t is read by token t + 1; token 0 reads R_{-1}=0
-            return F.pad(R[:, :-1], (0, 0, 1, 0))
-        # R_prev = R^(j-1), from R^(0) = 0 or the unmixed middle output shifted (init "plain")
-        R_prev = torch.zeros_like(x)
-        if cfg.jacobi_init == "plain":
+        # speed-up: (T1)'s terms in x alone, A[:, :C] x + b, once for the D sweeps (B, T, 2C)
+        x_part = F.linear(x, self.gate.A.weight[:, :x.shape[-1]], self.gate.A.bias)
+        grad, settled = torch.is_grad_enabled(), False
+        R_prev = torch.zeros_like(x)                                                 # R^(0) = 0
+        if cfg.jacobi_init == "ungated":     # option: R^(0) the middle layers' ungated output
             with torch.set_grad_enabled(grad and b >= D):
-                R_prev = shift(self.run_layers(x, self.middle, pos))
+                R_prev = F.pad(self.run_layers(x, self.middle, pos)[:, :-1], (0, 0, 1, 0))
         for j in range(1, D + 1):       # sweep j: R^(j) from R^(j-1), every position at once
-            keep_grad, final = j >= D - min(b, D - 1), j == D   # the final one, the b before it
-            if converged and not keep_grad:
-                continue                               # tol reached: on to the gradient sweeps
+            # (T3)'s gradient cut: the final sweep and the b before it keep their gradient
+            keep_grad, final = j >= D - b, j == D
+            if settled and not keep_grad:                     # option tol: the state stopped moving
+                continue
             with torch.set_grad_enabled(grad and keep_grad):
-                x_mixed = self.temporal_gate(x, R_prev, x_part, c)                          # (T1)
-                if grad and keep_grad and cfg.jacobi_checkpoint and not final:   # less memory:
+                x_mixed = self.temporal_gate(x, R_prev, c, x_part)                           # (T1)
+                if cfg.jacobi_checkpoint and grad and keep_grad and not final:   # option: memory
                     h = torch.utils.checkpoint.checkpoint(      # recomputed in backward, more time
                         self.run_layers, x_mixed, self.middle, pos, use_reentrant=False)
-                else:             # the final sweep fills the middle layers' caches, if any
+                else:                   # (option: the final sweep fills the middle layers' caches)
                     h = self.run_layers(x_mixed, self.middle, pos,
                                         caches[l_start:l_end + 1] if final else None)
-                R = self.state_update(h, R_prev, c)                                         # (T2)
-            if not final:
-                R_next = shift(R)
-                converged = tol > 0 and not keep_grad and \
-                    (R_next - R_prev).abs().max() <= tol * R_next.pow(2).mean().sqrt()
-                R_prev = R_next
+                R = self.state_update(h, R_prev, c)                                          # (T2)
+            # R^(j): R_t, written at position t, is read by token t + 1; token 0 reads R_{-1} = 0
+            R_j = F.pad(R[:, :-1], (0, 0, 1, 0))
+            settled = tol > 0 and not keep_grad and \
+                (R_j - R_prev).abs().max() <= tol * R_j.pow(2).mean().sqrt()            # option tol
+            R_prev = R_j
         if cache is not None:
             cache.R = R[:, -1:]                                # R_{T-1}: decoding continues from it
         return self.run_layers(h, self.upper, pos, caches[l_end + 1:])
 
     def exact_forward(self, h_emb, pos, c=None, cache=None):
         """The exact recurrence, h_emb (B, T, C) at pos, c (B, T, 1) -> the top output (B, T, C):
-        the middle layers token by token, each reading the R_{t-1} and the keys written before it;
-        a span where no row is recurrent (a prompt) goes in one chunk. R continues from cache.R."""
+        the middle layers token by token, each reading R_{t-1} and the keys written before it. R
+        continues from cache.R."""
         B, T, C = h_emb.shape
         l_start, l_end = self.cfg.recurrent_layers
         caches = cache.layers if cache is not None else [None] * self.cfg.n_layer   # one per layer
         x = self.run_layers(h_emb, self.lower, pos, caches[:l_start])
         middle_caches = caches[l_start:l_end + 1] if cache else [{} for _ in self.middle]
-        x_part = self.gate_x_columns(x)                        # the speed-up: once, not every token
         R = cache.R if cache is not None and cache.R is not None else x.new_zeros(B, 1, C)
-        # chunks: a token alone where a row has c_t >= 2, else a span of unchanged c_t (a prompt)
-        cols = [(2,)] * T if c is None else [tuple(v) for v in c[:, :, 0].T.tolist()]
-        chunk_starts = [t for t in range(T) if t == 0 or max(cols[t]) > 1 or cols[t] != cols[t - 1]]
+        starts = list(range(T))                                     # token by token, t = 0..T-1
+        if c is not None:    # speed-up: a span of equal c_t where no row recurs (a prompt) at once
+            cols = [tuple(v) for v in c[:, :, 0].T.tolist()]
+            starts = [t for t in starts if t == 0 or max(cols[t]) > 1 or cols[t] != cols[t - 1]]
         outputs = []
-        for t, stop in zip(chunk_starts, chunk_starts[1:] + [T]):
+        for t, stop in zip(starts, starts[1:] + [T]):         # token t (or the span t..stop-1)
             chunk = None if c is None else c[:, t:stop]
-            x_mixed = self.temporal_gate(x[:, t:stop], R, x_part[:, t:stop], chunk)         # (T1)
+            x_mixed = self.temporal_gate(x[:, t:stop], R, chunk)                            # (T1)
             h_t = self.run_layers(x_mixed, self.middle, pos + t, middle_caches)
             R = self.state_update(h_t, R, chunk)[:, -1:]                  # (T2): R_t, (B, 1, C)
             outputs.append(h_t)
@@ -535,7 +478,7 @@ class GPT(nn.Module):
         b's prompt its last lengths[b] columns -> (B, T + new), stopped rows filled with stop_token.
         Left pads are masked out of attention, keep the T²MLR state (c = 0) and do not move a row's
         positions: a row gets what it gets alone. temperature 0: greedy; top_k: the k most likely.
-        T²MLR: the prompt c = 1 (as the reference) or recurrent_prompt c = 2, prefilled "exact" or
+        T²MLR: the prompt c = 1 (as the T²MLR code) or recurrent_prompt c = 2, prefilled "exact" or
         "converged". n_loops, exit_threshold: recursive_forward's; stats["mean_loops"] of tokens."""
         check(self.cfg, prefill=prefill, prefill_tol=prefill_tol, temperature=temperature,
               top_k=top_k, stop_token=stop_token)
@@ -592,6 +535,57 @@ class GPT(nn.Module):
         """A released Pythia or SmolLM2 (HF folder or hub id) and overrides: docs/pretrained.md."""
         from support.pretrained import from_pretrained
         return from_pretrained(name_or_path, **overrides)
+
+
+# -----------------------------------------------------------------------------
+# Validation: every setting's valid values in one table (GPTConfig, forward, generate)
+
+def one_of(*values):
+    return (lambda v, c: v in values), "one of " + ", ".join(map(repr, values))
+
+
+# Every setting's valid values: names -> (test(value, config), what is valid: text or text(config))
+CHECKS = {name: rule for names, rule in {
+    "flavour": one_of("neox", "llama"), "weight_init": one_of("mesh", "normal_0.02"),
+    "state_passing": one_of("base", "residual", "anchor", "anchor_star", "mesh"),
+    "mesh_trans_router_in": one_of("pre", "emb"), "jacobi_init": one_of("zero", "ungated"),
+    "prefill": one_of("exact", "converged"),
+    "vocab_size block_size n_layer n_embd jacobi_sweeps": ((lambda v, c: v >= 1), ">= 1"),
+    "jacobi_lag": ((lambda v, c: v >= 0), ">= 0 (0: D = jacobi_sweeps)"),
+    "n_head": (lambda v, c: v >= 1 and c.n_embd % v == 0, "a divisor of n_embd"),
+    "n_kv_head": (lambda v, c: v >= 1 and c.n_head % v == 0, "a divisor of n_head"),
+    "mlp_hidden": (lambda v, c: v >= 1 if v is not None else c.flavour == "neox",
+                   ">= 1 (None = 4 n_embd, neox only: llama needs its SwiGLU width)"),
+    "mesh_slots": (lambda v, c: v is None or v >= 2, ">= 2 or None"),
+    "rope_theta norm_eps gate_weight_gain": ((lambda v, c: 0 < v < math.inf), "finite and > 0"),
+    "rope_pct": (lambda v, c: 0 <= v <= 1, "in [0, 1] or None"),
+    "gate_bias_prob": (lambda v, c: v is None or 0 < v < 1, "in (0, 1) or None"),
+    "jacobi_tol prefill_tol": ((lambda v, c: 0 <= v < 1), "in [0, 1)"),
+    "jacobi_grad_sweeps": (lambda v, c: 0 <= v <= c.jacobi_sweeps,
+                           lambda c: f"in [0, jacobi_sweeps = {c.jacobi_sweeps}]"),
+    "layout": (lambda v, c: v == "" or c.depth is not None and min(c.depth[1:3]) >= 1,
+               "'' (flat) or 'P+NRK+Q': N >= 1 core layers looped K >= 1 times, e.g. '2+4R2+2'"),
+    "t2mlr": (lambda v, c: not (v and c.layout), "False with a layout: T²MLR needs a flat stack"),
+    "max_loops": (lambda v, c: v is None or bool(c.layout) and v >= c.depth[2],  # after layout
+                  lambda c: f">= the layout's K = {c.depth[2]}" if c.layout else "None: no loops"),
+    "n_loops loops_backprop": ((lambda v, c: v is None or v >= 1), ">= 1 or None"),
+    "exit_threshold": ((lambda v, c: v is None or v >= 0), ">= 0 (0: never exit) or None"),
+    "l_start": (lambda v, c: not c.t2mlr or 0 <= min(c.recurrent_layers)
+                and c.recurrent_layers[0] <= c.recurrent_layers[1] < c.n_layer,
+                lambda c: f"<= l_end = {c.l_end}, both in -{c.n_layer} .. {c.n_layer - 1}"),
+    "temperature": ((lambda v, c: v >= 0), ">= 0 (0 = greedy)"),
+    "top_k": (lambda v, c: v is None or v >= 1, ">= 1 (sample from the k most likely) or None"),
+    "stop_token": (lambda v, c: v is None or 0 <= v < c.vocab_size, "a token id or None"),
+}.items() for name in names.split()}
+
+
+def check(cfg=None, **values):
+    """Refuse a value outside CHECKS (nan fails every test): ValueError "<name> = <value> must be
+    <what is valid>". cfg: the config the tests read, if any."""
+    for name, value in values.items():
+        test, text = CHECKS[name]
+        if not test(value, cfg):
+            raise ValueError(f"{name} = {value!r} must be {text(cfg) if callable(text) else text}")
 
 
 if __name__ == "__main__":      # python model.py config/<name>.py: a summary of the architecture

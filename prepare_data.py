@@ -47,8 +47,7 @@ def input_kind(path):
     for ext in INPUT_EXTENSIONS:
         if str(path).lower().endswith(ext):
             return ext
-    raise DataError(f"unsupported input file {path}: extension must be one of "
-                    f"{', '.join(INPUT_EXTENSIONS)}")
+    raise DataError(f"unsupported input file {path}: extension must be one of {', '.join(INPUT_EXTENSIONS)}")
 
 
 def read_input_file(path):
@@ -66,8 +65,7 @@ def read_input_file(path):
                         if line.strip():
                             yield json.loads(line)["text"]
                     except (json.JSONDecodeError, KeyError, TypeError) as e:
-                        raise DataError(f"{path}:{n}: expected a JSON object with a 'text' field "
-                                        f"({e!r})")
+                        raise DataError(f"{path}:{n}: expected a JSON object with a 'text' field ({e!r})")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not valid UTF-8 ({e})")
     except (OSError, EOFError) as e:  # includes a truncated or corrupt .gz
@@ -79,8 +77,7 @@ def read_parquet_texts(path):
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise DataError("reading parquet (FineWeb-Edu or --input *.parquet) needs pyarrow: "
-                        "pip install pyarrow")
+        raise DataError("reading parquet (FineWeb-Edu or --input *.parquet) needs pyarrow: pip install pyarrow")
     try:
         parquet = pq.ParquetFile(path)
         if "text" in parquet.schema_arrow.names:
@@ -97,8 +94,7 @@ def read_pydoc():
     try:
         from pydoc_data.topics import topics
     except ImportError:
-        raise DataError("this Python has no pydoc_data module (some distributions strip it); "
-                        "use --input FILE")
+        raise DataError("this Python has no pydoc_data module (some distributions strip it); use --input FILE")
     yield from (topics[key] for key in sorted(topics))
 
 
@@ -108,8 +104,7 @@ def read_fineweb_shard(shard, cache):
 
 def download_fineweb_shard(shard, cache):
     """The local path of a FineWeb-Edu shard, downloaded into the folder cache if not there."""
-    url, dest = FINEWEB_URL.format(shard=shard), Path(cache) / shard
-    part = dest.with_name(dest.name + ".part")
+    url, dest, part = FINEWEB_URL.format(shard=shard), Path(cache) / shard, Path(cache) / f"{shard}.part"
     try:
         if hf_hub_download is not None:
             return Path(hf_hub_download(FINEWEB_REPO, shard, repo_type="dataset", local_dir=cache))
@@ -122,9 +117,8 @@ def download_fineweb_shard(shard, cache):
         return dest
     except Exception as e:
         reason = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-        raise DataError(f"could not download FineWeb-Edu shard {shard} from {url} ({reason}); "
-                        "without internet, use local files instead: "
-                        "python prepare_data.py --input FILE.jsonl|.jsonl.gz|.parquet|.txt") from e
+        raise DataError(f"could not download FineWeb-Edu shard {shard} from {url} ({reason}); without internet, "
+                        "use local files: python prepare_data.py --input FILE.jsonl|.jsonl.gz|.parquet|.txt") from e
     finally:
         part.unlink(missing_ok=True)  # what an interrupted download left
 
@@ -203,8 +197,7 @@ class SplitWriter:
         if self.counts["val_docs"] == 0:  # val must not be empty
             self.resplit()
         if self.counts["train_docs"] == 0:
-            raise DataError("every document landed in val (they are all copies of one text); "
-                            "add more documents")
+            raise DataError("every document landed in val (they are all copies of one text); add more documents")
         for path in self.tmp.values():  # train.bin.tmp -> train.bin
             os.replace(path, path.with_suffix(""))
 
@@ -270,12 +263,11 @@ def prepare(sources, tokenizer, out_dir, val_fraction=0.005, max_tokens=None, nu
         if empty := [name for name, n in zip(names[:n_read], docs) if n == 0]:
             raise DataError(f"no non-empty documents in: {', '.join(empty)}")
         if sum(docs) < 2:
-            raise DataError(f"need at least 2 non-empty documents (one for train, one for val), "
-                            f"found {sum(docs)} in: {', '.join(names)}")
+            raise DataError(f"need at least 2 non-empty documents (one for train, one for val), found {sum(docs)} "
+                            f"in: {', '.join(names)}")
         writer.commit()
-        meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size,
-                "eot": tokenizer.eot, "dtype": np.dtype(writer.dtype).name,
-                "max_token_id": writer.max_token_id, **writer.counts,
+        meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot,
+                "dtype": np.dtype(writer.dtype).name, "max_token_id": writer.max_token_id, **writer.counts,
                 "sources": [name for name, n in zip(names, docs) if n > 0], "split": SPLIT_RULE,
                 "val_fraction": val_fraction, "layout": LAYOUT, "max_tokens": max_tokens,
                 "files": bin_fingerprints(out_dir)}   # max_token_id holds while these are unchanged
@@ -288,23 +280,21 @@ def prepare(sources, tokenizer, out_dir, val_fraction=0.005, max_tokens=None, nu
 
 
 def bin_fingerprints(out_dir):
-    """{"train.bin": [size in bytes, mtime in ns], "val.bin": [...]}: how train.py tells that a .bin file
-    changed after this script wrote it (support.data.check_token_ids then checks its ids again)."""
+    """{"train.bin": [size, mtime in ns], "val.bin": [...]}: a .bin file changed since is scanned (support.data)."""
     return {name: [(st := os.stat(Path(out_dir) / name)).st_size, st.st_mtime_ns]
             for name in ("train.bin", "val.bin")}
 
 
 def write_meta(path, meta):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    (tmp := path.with_name(path.name + ".tmp")).write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(tmp, path)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
     p.add_argument("--source", choices=["fineweb-edu", "pydoc"], help="default: fineweb-edu")
-    p.add_argument("--input", nargs="+", metavar="FILE", help="local files instead: .jsonl, "
-                   ".jsonl.gz, .parquet (their 'text' field) or .txt (one document)")
+    p.add_argument("--input", nargs="+", metavar="FILE",
+                   help="local files instead: .jsonl, .jsonl.gz, .parquet (their 'text' field) or .txt (one document)")
     p.add_argument("--tokenizer", default="gpt2", help="gpt2 (tiktoken, the default), byte, or "
                    "hf:<hub id or folder> (a released model's tokenizer.json)")
     p.add_argument("--name", help="dataset folder (default: fineweb_edu, pydoc or input stem)")
@@ -323,8 +313,7 @@ def choose_sources(args):
         stem = Path(args.input[0]).name[: -len(input_kind(args.input[0]))]
         return args.name or stem, [(str(path), read_input_file(path)) for path in args.input]
     if args.source == "pydoc":
-        python = f"Python {sys.version.split()[0]}"
-        return args.name or "pydoc", [(f"pydoc_data.topics ({python})", read_pydoc())]
+        return args.name or "pydoc", [(f"pydoc_data.topics (Python {sys.version.split()[0]})", read_pydoc())]
     cache = Path(args.out_dir) / "fineweb_edu_parquet"
     download_fineweb_shard(FINEWEB_SHARDS[0], cache)  # fail before the output folder is touched
     shards = [(f"{FINEWEB_REPO}/{s}", read_fineweb_shard(s, cache)) for s in FINEWEB_SHARDS]
@@ -338,8 +327,7 @@ def main(argv=None):
     if args.input and args.source:
         raise DataError("give either --source or --input, not both")
     for path in args.input or []:  # bad inputs fail before any work: the old dataset stays usable
-        input_kind(path)
-        if not Path(path).is_file():
+        if input_kind(path) and not Path(path).is_file():     # (input_kind refuses an unknown extension)
             raise DataError(f"input file not found: {path}")
     for path in args.input or []:  # any() stops at the first non-empty document
         if not any(isinstance(text, str) and text.strip() for text in read_input_file(path)):
@@ -350,9 +338,8 @@ def main(argv=None):
     val_fraction = default_fraction if args.val_fraction is None else args.val_fraction
     out_dir = Path(args.out_dir) / name
     meta = prepare(sources, tokenizer, out_dir, val_fraction, args.max_tokens, args.num_proc)
-    print(f"wrote {out_dir}/train.bin ({meta['train_tokens']:,} tokens, {meta['train_docs']:,} "
-          f"docs), val.bin ({meta['val_tokens']:,} tokens, {meta['val_docs']:,} docs), "
-          f"meta.json [{meta['dtype']}]")
+    print(f"wrote {out_dir}/train.bin ({meta['train_tokens']:,} tokens, {meta['train_docs']:,} docs), val.bin "
+          f"({meta['val_tokens']:,} tokens, {meta['val_docs']:,} docs), meta.json [{meta['dtype']}]")
     return meta
 
 

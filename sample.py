@@ -16,9 +16,11 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from configurator import ConfigError, check_ranges, load_config
+from configurator import ConfigError, load_config
+from model import check
 from support.accounting import count_middle_passes
 from support.checkpoints import load_model, recorded_tokenizer
+from support.config import check_settings
 from support.process import keeps_process_state
 from support.runtime import RunError, autocast_context, check_device, resolve_device, resolve_dtype
 from support.tokenizers import DataError, get_tokenizer
@@ -45,16 +47,16 @@ class SampleConfig:
     dtype: str = "auto"                   # 'auto' (bf16 on CUDA if supported, else fp32), float32, bfloat16
 
     def __post_init__(self):
-        check_ranges(self, SAMPLE_RANGES)
-        if self.prefill not in ("exact", "converged"):
-            raise ValueError(f"prefill {self.prefill!r} is not one of 'exact', 'converged'")
+        check_settings(self, SAMPLE_SETTINGS)
+        check(**{name: getattr(self, name) for name in SAMPLER_SETTINGS})
 
 
-# The valid range of every numeric field of SampleConfig (configurator.check_ranges: None passes, nan and
-# inf never). seed: what torch.Generator.manual_seed accepts.
-SAMPLE_RANGES = {"num_samples": ">= 1", "batch_size": ">= 1", "max_new_tokens": ">= 0", "temperature": ">= 0",
-                 "top_k": ">= 1", "seed": "[0, 18446744073709551615]", "prefill_tol": "[0, 1)", "n_loops": ">= 1",
-                 "exit_threshold": ">= 0"}
+# The script's own settings (support.config.check_settings; a float must also be finite). seed: what
+# torch.Generator.manual_seed accepts. The sampler's settings are model.generate's arguments: model.check,
+# which generate calls, refuses a bad one here already, before a checkpoint is read.
+SAMPLE_SETTINGS = {"num_samples": ">= 1", "batch_size": ">= 1", "max_new_tokens": ">= 0",
+                   "seed": "[0, 18446744073709551615]"}
+SAMPLER_SETTINGS = ("temperature", "top_k", "prefill", "prefill_tol", "n_loops", "exit_threshold")
 
 
 @keeps_process_state
@@ -94,7 +96,7 @@ def main(argv):
             ids = ids[-model_cfg.block_size:]
         prompts += [torch.tensor(ids, dtype=torch.long, device=device)] * copies
     if not model_cfg.layout and (cfg.n_loops is not None or cfg.exit_threshold is not None):
-        raise ConfigError(f"--n_loops and --exit_threshold need a recursive model ('P+CRK+Q'); {path} has no loops")
+        raise ConfigError(f"--n_loops and --exit_threshold need a recursive model ('P+NRK+Q'); {path} has no loops")
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     # T²MLR, converged prefill: the middle-layer passes of the prompt, generate's first forward
     prompt_passes = []

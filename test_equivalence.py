@@ -4,7 +4,7 @@ Equivalences that make the model trustworthy, each against a slow obvious comput
 MeSH family (the MeSH paper's prelude/core/coda layouts, its §3.1 heuristics and its Eq. 3 memory): a
 one-loop layout equals the vanilla stack; MeSH with one-hot routers equals base and residual recursion;
 KV-cache decoding equals full recompute; causality; the papers' parameter counts. T²MLR (the Jacobi
-training and exact decoding of the authors' reference code): Jacobi with D >= T equals exact recurrence
+training and exact decoding of the T²MLR code): Jacobi with D >= T equals exact recurrence
 equals a naive token-by-token loop over the full stack (with the gate and the state update in their direct
 forms, gate_direct and update_direct), values and gradients; the exactness front for D < T; zero gates
 equal the vanilla model; a vanilla checkpoint retrofitted; cached decoding; batch-row independence; the
@@ -97,13 +97,13 @@ def test_mesh_one_hot_reproduces_base_and_residual(flavour):
     residual: write and read slot 1 always -> m_1 = h_pre + sum of the y_k, so h(t+1) = h(t) + f_core(h(t))."""
     K, idx = 3, tokens()
     for mode, slots in (("base", [1, 2, 3, 4]), ("residual", [1, 1, 1, 1])):
-        reference = build(**dict(flavour, layout=f"1+2R{K}+1", state_passing=mode))
+        recursion = build(**dict(flavour, layout=f"1+2R{K}+1", state_passing=mode))
         mesh = GPT(GPTConfig(**dict(flavour, layout=f"1+2R{K}+1", state_passing="mesh"))).eval()
         assert mesh.cfg.n_slots == K + 3
-        missing, unexpected = mesh.load_state_dict(reference.state_dict(), strict=False)
+        missing, unexpected = mesh.load_state_dict(recursion.state_dict(), strict=False)
         assert unexpected == [] and all(name.startswith("mesh.") for name in missing)
         one_hot_routers(mesh, reads=slots, writes=slots)
-        assert torch.allclose(mesh(idx)[0], reference(idx)[0], atol=1e-12, rtol=0), mode
+        assert torch.allclose(mesh(idx)[0], recursion(idx)[0], atol=1e-12, rtol=0), mode
     # the mapping is not vacuous: base and residual differ on these weights
     base = build(**dict(flavour, layout=f"1+2R{K}+1", state_passing="base"))
     residual = GPT(GPTConfig(**dict(flavour, layout=f"1+2R{K}+1", state_passing="residual"))).eval()
@@ -169,7 +169,7 @@ def test_causality(name):
 
 
 PAPER_COUNTS = [   # (config fields, non-embedding parameters, router parameters): Pythia's published counts,
-    # the MeSH paper's Table 5 and its router formula (with biases); last row: the T²MLR reference's
+    # the MeSH paper's Table 5 and its router formula (with biases); last row: the T²MLR code's
     # SmolLM2-135M
     (dict(n_embd=768, n_head=12, n_layer=12), 85_056_000, 0),
     (dict(n_embd=768, n_head=12, layout="2+4R2+2", state_passing="mesh"), 56_704_512, 23_070),
@@ -220,7 +220,7 @@ def gate_direct(gate, x, r):
 
 
 def update_direct(h, r_prev, residual):
-    """The reference's state update: R_t = h_t (residual off) or R_t = s·(h_t + R_{t-1}) with
+    """The T²MLR code's state update: R_t = h_t (residual off) or R_t = s·(h_t + R_{t-1}) with
     s = clamp(1 / sqrt(mean((h_t + R_{t-1})²) + 1e-6), 1/5, 5) on detached values. (B, T, C) -> (B, T, C)."""
     if not residual:
         return h
@@ -341,7 +341,7 @@ def identity_middle(model):
 
 def test_state_update_clamps_its_stop_gradient_scale():
     """state_update (T2) writes R = s·(h + R_prev), s = clamp(1/rms, 0.2, 5) on detached values (the
-    T²MLR reference's update), R = h at non-recurrent tokens (c = 1) and without recurrent_residual, and
+    T²MLR code's update), R = h at non-recurrent tokens (c = 1) and without recurrent_residual, and
     R = R_prev at a pad (c = 0): a pad leaves the state."""
     model = build(**VARIANTS["t2mlr_llama"])
     h = torch.full((1, 1, 32), 10.0, requires_grad=True)            # rms 10 -> s = 0.1, clamped to 0.2
@@ -362,21 +362,25 @@ def test_state_update_clamps_its_stop_gradient_scale():
     assert torch.equal(model.state_update(h2, R_prev, control)[:, 2], R_prev[:, 0])   # a pad still keeps it
 
 
-def test_gate_x_columns_equal_the_gate():
-    """The fenced speed-up GPT.gate_x_columns: A's x columns applied to x once, then A's r~ columns per
-    call, give the gate of (T1) (gate_direct): values, and the gradients of x, R and every gate weight."""
+def test_gate_equals_the_direct_form():
+    """GPT.temporal_gate (one Linear on g = [x; r~], a state broadcast over the positions), and its Jacobi
+    speed-up (x_part: A's x columns and b applied to x once, as jacobi_forward does), are the gate of (T1)
+    written by A's rows (gate_direct): values, and the gradients of x, R and every gate weight."""
     model = build(**VARIANTS["t2mlr_llama"])
     gate = model.gate
     x, r = torch.randn(2, 5, 32, requires_grad=True), torch.randn(2, 1, 32, requires_grad=True)
     grads = {}
     for name, out in (("direct", lambda: gate_direct(gate, x, r.expand(2, 5, 32))),
-                      ("split", lambda: model.temporal_gate(x, r, model.gate_x_columns(x)))):
+                      ("model", lambda: model.temporal_gate(x, r)),
+                      ("split", lambda: model.temporal_gate(x, r, x_part=torch.nn.functional.linear(
+                          x, gate.A.weight[:, :32], gate.A.bias)))):
         gate.zero_grad(), setattr(x, "grad", None), setattr(r, "grad", None)
         y = out()
         (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
         grads[name] = (y.detach(), x.grad, r.grad, *(p.grad for p in gate.parameters()))
-    for want, got in zip(grads["direct"], grads["split"]):
-        assert (want - got).abs().max() <= 1e-13
+    for name in ("model", "split"):
+        for want, got in zip(grads["direct"], grads[name]):
+            assert (want - got).abs().max() <= 1e-13
     assert grads["split"][3].abs().max() > 0                                    # W_p gets a gradient
 
 
@@ -534,9 +538,9 @@ def test_recurrent_token_after_a_prompt_receives_its_raw_h():
 
 
 def test_identity_gate_still_receives_gradient_with_control_flow():
-    """At the reference init (θ = 0: the gate is an identity) only θ gets gradient, and it must: the state of
-    a prompt-then-recurrent sequence reaches θ_r, with the same value in Jacobi (D >= T, b >= D) and exact
-    mode."""
+    """At the T²MLR code's gate init (θ = 0: the gate is an identity) only θ gets gradient, and it must: the
+    state of a prompt-then-recurrent sequence reaches θ_r, with the same value in Jacobi (D >= T, b >= D) and
+    exact mode."""
     T = 12
     torch.manual_seed(0)
     model = GPT(GPTConfig(**dict(VARIANTS["t2mlr_llama"], jacobi_sweeps=T, jacobi_grad_sweeps=T, rope_pct=0.0,

@@ -1,5 +1,5 @@
 """
-Train a GPT: vanilla, recursive with MeSH or a fixed state passing (layout "P+CRK+Q"), or T²MLR.
+Train a GPT: vanilla, recursive with MeSH or a fixed state passing (layout "P+NRK+Q"), or T²MLR.
 
 Single device:     python train.py config/mesh_160m.py
 CPU smoke test:    python train.py config/tiny_mesh.py --device=cpu --compile=False --max_iters=20
@@ -31,14 +31,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import ConfigError, check_ranges, given_values, load_config
+from configurator import ConfigError, given_values, load_config
 from model import GPT, GPTConfig
 from support.accounting import count_middle_passes
 from support.checkpoints import (RESUME_KEYS, init_weights_from, load_checkpoint, load_resumable, lock_out_dir,
-                                 recorded_tokenizer, refuse_if_locked, require_keys, rng_states,
-                                 state_differences)
+                                 refuse_if_locked, require_keys, rng_states, state_differences)
+from support.config import check_settings
 from support.data import check_token_ids, get_batch, load_meta, step_starts, val_starts
-from support.loop import LOOPS_SAMPLERS, draw_loops, evaluate, get_lr, make_trainer, resume, save_state
+from support.loop import (LOOPS_SAMPLERS, check_finite, draw_loops, evaluate, get_lr, make_trainer, mean_over_ranks,
+                          resume, save_state, set_lr)
 from support.pretrained import config_from_hf, hf_checkpoint, load_hf_weights
 from support.process import keeps_process_state
 from support.runlog import RunLog
@@ -59,8 +60,7 @@ class TrainConfig:
     # evaluation and logging
     eval_interval: int = 250              # evaluate and checkpoint every this many steps, and at the end
     eval_iters: int = 20                  # val batches: eval_iters * batch_size fixed windows over all ranks
-    # val_mode, T²MLR only: 'exact' (token by token: the true loss), 'jacobi' (D sweeps), 'converged' (see val_tol)
-    val_mode: str = "exact"               # T²MLR only: 'exact', 'jacobi' or 'converged'
+    val_mode: str = "exact"               # T²MLR: 'exact' (token by token: the true loss), 'jacobi', 'converged'
     val_tol: float = 0.0                  # val_mode 'converged': the change that stops the sweeps; 0 = exact
     log_interval: int = 10                # print and log the train loss every this many steps
     progress: bool = True                 # tqdm progress bar on rank 0 (when stderr is a terminal)
@@ -95,41 +95,36 @@ class TrainConfig:
     def __post_init__(self):
         if not (self.init_from in ("scratch", "resume") or self.init_from.endswith(".pt")
                 or (self.init_from.startswith("hf:") and len(self.init_from) > 3)):
-            raise ValueError(f"init_from {self.init_from!r} is not 'scratch', 'resume', a checkpoint path ending "
-                             f"in .pt or 'hf:<hub id or folder>'")
-        choices = {"val_mode": ("exact", "jacobi", "converged"), "train_mode": ("jacobi", "exact"),
-                   "dtype": ("auto", "float32", "bfloat16", "float16"), "loops_sampler": LOOPS_SAMPLERS}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}")
-        check_ranges(self, TRAIN_RANGES)
+            raise ValueError(f"init_from = {self.init_from!r} must be 'scratch', 'resume', a checkpoint path "
+                             f"ending in .pt or 'hf:<hub id or folder>'")
+        check_settings(self, TRAIN_SETTINGS)
         if self.min_lr > self.learning_rate:
             raise ValueError(f"min_lr = {self.min_lr} must be <= learning_rate = {self.learning_rate}")
 
 
-# The valid range of every numeric field of TrainConfig (configurator.check_ranges: None passes, nan and
-# inf never). seed: what np.random.seed accepts.
-TRAIN_RANGES = {
-    "eval_interval": ">= 1", "eval_iters": ">= 1", "log_interval": ">= 1", "total_batch_size": ">= 1",
-    "batch_size": ">= 1", "max_iters": ">= 0", "lr_decay_iters": ">= 1", "learning_rate": ">= 0",
-    "min_lr": ">= 0", "warmup_iters": ">= 0", "weight_decay": ">= 0", "beta1": "[0, 1)", "beta2": "[0, 1)",
-    "grad_clip": ">= 0", "gate_lr_multiplier": "> 0", "seed": "[0, 4294967295]", "peak_flops": "> 0",
-    "val_tol": "[0, 1)", "loops_backprop": ">= 1",
+# The valid values of TrainConfig's fields (support.config.check_settings: a float must also be finite).
+# seed: what np.random.seed accepts.
+TRAIN_SETTINGS = {
+    "eval_interval": ">= 1", "eval_iters": ">= 1", "val_mode": ("exact", "jacobi", "converged"),
+    "val_tol": "[0, 1)", "log_interval": ">= 1", "total_batch_size": ">= 1", "batch_size": ">= 1",
+    "max_iters": ">= 0", "lr_decay_iters": ">= 1", "learning_rate": ">= 0", "min_lr": ">= 0",
+    "warmup_iters": ">= 0", "weight_decay": ">= 0", "beta1": "[0, 1)", "beta2": "[0, 1)", "grad_clip": ">= 0",
+    "gate_lr_multiplier": "> 0", "train_mode": ("jacobi", "exact"), "loops_sampler": LOOPS_SAMPLERS,
+    "loops_backprop": ">= 1", "dtype": ("auto", "float32", "bfloat16", "float16"), "seed": "[0, 4294967295]",
+    "peak_flops": "> 0",
 }
 
 
 def grad_accum_steps(total_batch_size, batch_size, block_size, world_size):
-    """Micro-steps per optimizer step so that one step sees exactly total_batch_size tokens.
-    Raises ConfigError, showing the numbers, when total_batch_size is not a multiple of the tokens
-    of one micro-step over all ranks."""
+    """Micro-steps per optimizer step so that one step sees exactly total_batch_size tokens; ConfigError,
+    showing the numbers, when it is not a multiple of the tokens of one micro-step over all ranks."""
     per_micro = batch_size * block_size * world_size
     if total_batch_size < per_micro or total_batch_size % per_micro:
         raise ConfigError(
             f"total_batch_size = {total_batch_size} tokens is not a multiple of batch_size * block_size"
             f" * world_size = {batch_size} * {block_size} * {world_size} = {per_micro}: set --total_batch_size to a "
             f"multiple of {per_micro} (e.g. {max(1, round(total_batch_size / per_micro)) * per_micro}), or a "
-            f"batch_size or block_size whose product divides it"
-        )
+            f"batch_size or block_size whose product divides it")
     return total_batch_size // per_micro
 
 
@@ -150,50 +145,36 @@ class Settled:
 
 
 def settle_config(argv, world_size=1) -> Settled:
-    """The run's final GPTConfig and TrainConfig from argv (config files and --key=value), top to bottom:
-
-    1. the keys given, in config files and on the command line (configurator.load_config);
-    2. the model config: the given model keys on GPTConfig's defaults or, with --init_from=hf:..., on the
-       released model's config.json (support.pretrained);
-    3. with --init_from=resume, out_dir/ckpt.pt (or the previous one when it is damaged): its model config
-       (a model key given with another value is refused), its data, batch and schedule (given keys win);
-    4. the batch: gradient-accumulation steps for total_batch_size tokens over world_size ranks.
-
-    Raises ConfigError for a bad key, value or combination; RunError for weights that do not load or fit."""
+    """The run's final configs from argv, top to bottom: the keys given; the model's on GPTConfig's defaults
+    or a released model's config.json (--init_from=hf:...); with --init_from=resume the checkpoint's (given keys
+    win, a model key must agree); the gradient accumulation for world_size ranks. Raises ConfigError for a bad
+    key, value or combination; RunError for weights that do not load or fit."""
     (model_keys, cfg), given = load_config(argv, GPTConfig, TrainConfig, defer=(GPTConfig,))
-    hf_weights = None
-    if cfg.init_from.startswith("hf:"):
-        try:
+    hf, hf_weights, ckpt, ckpt_path = cfg.init_from.startswith("hf:"), None, None, None
+    try:
+        if hf:                                        # a released model's config.json, the given keys on it
             hf_config, hf_weights = hf_checkpoint(cfg.init_from[3:])
             model_cfg = config_from_hf(hf_config, **model_keys)
-        except ValueError as e:
-            raise RunError(f"--init_from={cfg.init_from}: {e}") from None
-    else:
-        try:
+        else:
             model_cfg = GPTConfig(**model_keys)
-        except ValueError as e:                       # e.g. n_embd must divide by n_head
-            raise ConfigError(str(e)) from None
-    ckpt = ckpt_path = None
-    # the architecture and the run's settings come from the checkpoint (the previous one if it is damaged)
+    except ValueError as e:                           # not found or not supported; e.g. n_head not dividing n_embd
+        raise (RunError(f"--init_from={cfg.init_from}: {e}") if hf else ConfigError(str(e))) from None
     if cfg.init_from == "resume":
         ckpt, ckpt_path = load_resumable(os.path.join(cfg.out_dir, "ckpt.pt"), ("model", "model_config", "train_config"))
         model_cfg = model_config_from_checkpoint(ckpt, model_cfg, given)
         cfg = train_config_from_checkpoint(ckpt, cfg, given)
     if not model_cfg.layout and (cfg.loops_sampler != "fixed" or cfg.loops_backprop is not None):
         raise ConfigError(f"loops_sampler {cfg.loops_sampler!r} and loops_backprop {cfg.loops_backprop} "
-                          f"need a recursive layout 'P+CRK+Q': this model has no loops")
+                          f"need a recursive layout 'P+NRK+Q': this model has no loops")
     grad_accum = grad_accum_steps(cfg.total_batch_size, cfg.batch_size, model_cfg.block_size, world_size)
     return Settled(model_cfg, cfg, given, grad_accum, ckpt, ckpt_path, hf_weights,
                    given_values(given, model_cfg, cfg))
 
 
 def train_config_from_checkpoint(ckpt, cfg, given):
-    """The TrainConfig of a resumed run: the checkpoint's data, batch and schedule settings, overridden by
-    the keys given again (`given`, load_config's record of the keys set in a config file or on the
-    command line, whatever their value), so a resume without the config file continues the same run
-    instead of falling back to the defaults. This launch's own system settings (out_dir, device, dtype,
-    compile, progress) always apply. cfg: this launch's TrainConfig. Raises ConfigError when a given
-    value does not fit the checkpoint's others (e.g. a learning_rate below its min_lr)."""
+    """The TrainConfig of a resumed run: the checkpoint's data, batch and schedule, overridden by the keys given
+    again (`given`, whatever their value), so a resume without the config file continues the same run; this
+    launch's system settings always apply. Raises ConfigError when a given value does not fit the others."""
     system = ("init_from", "out_dir", "device", "dtype", "compile", "progress")
     stored = {k: v for k, v in ckpt["train_config"].items() if k not in system}
     try:
@@ -203,9 +184,8 @@ def train_config_from_checkpoint(ckpt, cfg, given):
 
 
 def model_config_from_checkpoint(ckpt, model_cfg, given):
-    """GPTConfig stored in ckpt. The keys the user set (`given`, load_config's record, whatever their value)
-    must agree with it, keys not given are not compared; otherwise RunError names every differing key and
-    the first differing tensor shapes. model_cfg: this launch's GPTConfig."""
+    """The GPTConfig stored in ckpt. The model keys given (`given`, whatever their value; model_cfg holds them)
+    must equal it, else RunError names every differing key and the first differing tensor shapes."""
     if "model_config" not in ckpt:
         raise RunError("the checkpoint has no model_config: only a checkpoint of train.py can be resumed")
     stored, given_model = ckpt["model_config"], given_values(given, model_cfg)
@@ -233,26 +213,20 @@ def model_config_from_checkpoint(ckpt, model_cfg, given):
 @keeps_process_state
 def main(argv):
     """Train as configured by argv (config files and --key=value). Raises ConfigError or RunError."""
-    # ---- the config, settled in one pass; the device and DDP ----------------------------------------------
     ddp, rank, local_rank, world_size = distributed_ranks()
     s = settle_config(argv, world_size)
     cfg, model_cfg, T, grad_accum = s.cfg, s.model_cfg, s.model_cfg.block_size, s.grad_accum
     device, ptdtype = setup_device(cfg, ddp, local_rank)
-    # ---- data and weights, checked whole before anything is written; then out_dir is this run's alone -----
-    data = open_data(cfg, model_cfg, s, rank, world_size)
-    # ---- model and optimizer, resumed from the checkpoint or initialised --------------------------------
-    raw_model, trainer, data_gen, start_step, best_val = build_model(cfg, model_cfg, s, device, ptdtype,
-                                                                   rank, world_size)
-    lock = lock_out_dir(cfg.out_dir) if rank == 0 else None  # held while this process runs (kill -9 too)
+    data = open_data(s, rank, world_size)     # data and weights checked whole before anything is written...
+    trainer, data_gen, start_step, best_val = build_model(s, device, ptdtype, rank, world_size)
+    lock = lock_out_dir(cfg.out_dir) if rank == 0 else None   # ...then out_dir is this run's alone (kill -9 too)
     if s.ckpt is not None and start_step >= cfg.max_iters:
         return print(f"nothing to train: {s.ckpt_path} holds {start_step} steps and max_iters = "
                      f"{cfg.max_iters}; give a larger --max_iters to continue")
     model, eval_model, pass_counter = compile_and_wrap(trainer, cfg, model_cfg, device, ddp, local_rank)
     log = RunLog(cfg, model_cfg, s, trainer, device, ptdtype, world_size, data, start_step, rank == 0)
     train_mode, val_mode = (cfg.train_mode, cfg.val_mode) if model_cfg.t2mlr else (None, None)
-    optimizer, scaler = trainer.optimizer, trainer.scaler
     stop = StopRequest(master=rank == 0)     # Ctrl-C, SIGTERM: finish the step, save it, exit (below)
-
     def save(step, rngs, val_loss):          # rank 0 writes ckpt.pt: the state after `step` updates
         if rank == 0:
             save_state(trainer, step, rngs, best_val_loss=best_val, val_loss=val_loss, tokenizer=data.tokenizer,
@@ -273,30 +247,26 @@ def main(argv):
             save(step, gather(rng_states(data_gen), ddp, world_size), val_loss=None)
             log.stopped(step, trainer.ckpt_path, resume_command(argv, ddp, world_size))
             return finish(ddp, lock, exit_code=130)
-        t0, passes, lr = time.time(), [], get_lr(step, cfg)
+        t0, passes, lr = time.time(), [], set_lr(trainer.optimizer, get_lr(step, cfg))
         depth = dict(n_loops=draw_loops(cfg.loops_sampler, model_cfg.n_loops, model_cfg.max_loops, cfg.seed,
                                         step), loops_backprop=cfg.loops_backprop) if model_cfg.layout else {}
-        for group in optimizer.param_groups:          # the schedule's LR times each group's scale (the gate's m)
-            group["lr"] = lr * group["lr_scale"]
         starts = step_starts(data.meta["train_tokens"], T, cfg.batch_size, grad_accum, world_size, rank, data_gen)
         loss_sum = torch.zeros((), device=device)     # summed on the device: no host sync per micro-step
         for micro in range(grad_accum):
             x, y = get_batch(data.train_path, data.dtype, starts[micro], T, device)
-            # DDP arms its all-reduce in the forward pass: only the last micro-step syncs, and no_sync wraps
-            # its forward AND backward
+            # DDP syncs in the forward of the last micro-step only: no_sync wraps the others' forward AND backward
             with model.no_sync() if ddp and micro < grad_accum - 1 else nullcontext():
                 with trainer.autocast, pass_counter.counting(passes) if pass_counter else nullcontext():
                     loss = model(x, y, mode=train_mode, **depth)[1]   # T²MLR: its middle passes counted
                 loss_sum += loss.detach()
-                scaler.scale(loss / grad_accum).backward()
-            if step == start_step and micro == 0:     # the first micro-step's time, the ETA (a long first step)
-                log.first_step(time.time() - t0, grad_accum)
+                trainer.scaler.scale(loss / grad_accum).backward()
+            log.micro_step(step, micro, time.time() - t0)  # the first one's time, the ETA (before a long step)
         train_loss = check_finite(mean_over_ranks(loss_sum / grad_accum, ddp), step, trainer.ckpt_path)
-        scaler.unscale_(optimizer)                    # clip the true gradients, not fp16-scaled ones
-        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or math.inf)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        trainer.scaler.unscale_(trainer.optimizer)    # clip the true gradients, not fp16-scaled ones
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainer.raw_model.parameters(), cfg.grad_clip or math.inf)
+        trainer.scaler.step(trainer.optimizer)
+        trainer.scaler.update()
+        trainer.optimizer.zero_grad(set_to_none=True)
         log.train_step(step, train_loss, lr, grad_norm, t0, passes, depth.get("n_loops"))
     log.done(best_val, trainer.ckpt_path)
     finish(ddp, lock)
@@ -349,12 +319,15 @@ class Data:
     val_windows: list                     # this rank's share; evaluate() sums over ranks
 
 
-def open_data(cfg, model_cfg, s, rank, world_size) -> Data:
+def open_data(s, rank, world_size) -> Data:
     """data_dir's meta.json and bins, checked against the model (vocabulary, every token id) and against the
-    tokenizer of any weights the run starts from (resume, a checkpoint, a released model). Raises RunError.
-    Last of all the checks: a relaunch that forgot --init_from=resume must not overwrite a run."""
+    tokenizer of the weights the run starts from (a complete checkpoint to resume, a checkpoint, a released
+    model). Raises RunError. Last of all: a relaunch that forgot --init_from=resume must not overwrite a run."""
+    cfg, model_cfg = s.cfg, s.model_cfg
     if rank == 0:
         refuse_if_locked(cfg.out_dir)             # another run on out_dir: refused first, naming its pid
+    if s.ckpt is not None:
+        require_keys(s.ckpt, s.ckpt_path, RESUME_KEYS)
     data_dir = cfg.data_dir or os.path.join("data", cfg.dataset)
     meta = load_meta(data_dir, model_cfg.block_size, cfg.init_from if s.hf_weights else None, needs=("tokenizer",))
     if meta["vocab_size"] > model_cfg.vocab_size:
@@ -362,7 +335,7 @@ def open_data(cfg, model_cfg, s, rank, world_size) -> Data:
                        f"{model_cfg.vocab_size}; set vocab_size >= {meta['vocab_size']}")
     check_token_ids(data_dir, meta, meta["vocab_size"])        # every id one the tokenizer can produce
     tokens = meta["tokenizer"]
-    if s.ckpt is not None and recorded_tokenizer(s.ckpt, s.ckpt_path) != tokens:
+    if s.ckpt is not None and s.ckpt["tokenizer"] != tokens:
         raise RunError(f"{data_dir} holds {tokens} tokens but the checkpoint was trained on "
                        f"{s.ckpt['tokenizer']} tokens; resume with the run's dataset")
     if s.hf_weights and tokens.rstrip("/") != cfg.init_from.rstrip("/"):
@@ -371,30 +344,29 @@ def open_data(cfg, model_cfg, s, rank, world_size) -> Data:
     source = load_checkpoint(cfg.init_from).get("tokenizer") if cfg.init_from.endswith(".pt") else None
     if source is not None and source != tokens:         # (weights saved without one cannot be compared)
         raise RunError(f"{data_dir} holds {tokens} tokens but {cfg.init_from} was trained on {source} tokens: "
-                       f"its embeddings would be read under another vocabulary; train on data of {source} "
-                       f"tokens")
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    if s.ckpt is None and os.path.exists(ckpt_path):
-        raise RunError(f"{ckpt_path} exists: continue it with --init_from=resume, or choose another out_dir")
+                       f"its embeddings would be read under another vocabulary; train on data of {source} tokens")
+    if s.ckpt is None and os.path.exists(os.path.join(cfg.out_dir, "ckpt.pt")):
+        raise RunError(f"{os.path.join(cfg.out_dir, 'ckpt.pt')} exists: continue it with --init_from=resume, or "
+                       f"choose another out_dir")
     windows = val_starts(meta["val_tokens"], model_cfg.block_size, cfg.eval_iters * cfg.batch_size)
-    return Data(meta, meta["tokenizer"], data_dir, os.path.join(data_dir, "train.bin"),
-                os.path.join(data_dir, "val.bin"), np.dtype(meta["dtype"]), windows[rank::world_size])
+    return Data(meta, tokens, data_dir, os.path.join(data_dir, "train.bin"), os.path.join(data_dir, "val.bin"),
+                np.dtype(meta["dtype"]), windows[rank::world_size])
 
 
-def build_model(cfg, model_cfg, s, device, ptdtype, rank, world_size):
-    """The model, its Trainer (support/loop.py), the data sampler, the start step, the best val loss so far:
-    all from the checkpoint with --init_from=resume (as if never stopped), else a new init or given weights."""
+def build_model(s, device, ptdtype, rank, world_size):
+    """(Trainer (support/loop.py), data sampler, start step, best val loss so far): from the checkpoint with
+    --init_from=resume, as if never stopped; else a new init, or the given weights."""
+    cfg = s.cfg
     torch.manual_seed(cfg.seed)       # the same init, and the same global RNG stream, on every rank
     np.random.seed(cfg.seed)
     random.seed(cfg.seed)
     data_gen = torch.Generator().manual_seed(cfg.seed)   # identical on all ranks: see step_starts
-    raw_model = GPT(model_cfg).to(device)
+    raw_model = GPT(s.model_cfg).to(device)
     # the rotary tables, filled now: filled inside torch.compile's trace, they would recompile it once
-    raw_model.rotary(ptdtype, raw_model.wte.weight.device, 0, model_cfg.block_size)
+    raw_model.rotary(ptdtype, raw_model.wte.weight.device, 0, s.model_cfg.block_size)
     trainer = make_trainer(raw_model, cfg, device, ptdtype, os.path.join(cfg.out_dir, "ckpt.pt"))
     start_step, best_val = 0, float("inf")
     if s.ckpt is not None:
-        require_keys(s.ckpt, s.ckpt_path, RESUME_KEYS)
         start_step = resume(trainer, s.ckpt, s.ckpt_path, rank, world_size, data_gen)
         best_val = s.ckpt["best_val_loss"]
         s.ckpt = {"step": start_step}             # free the host copy of the weights
@@ -405,21 +377,20 @@ def build_model(cfg, model_cfg, s, device, ptdtype, rank, world_size):
             load_hf_weights(raw_model, s.hf_weights)
         except ValueError as e:
             raise RunError(f"--init_from={cfg.init_from}: {e}") from None
-    return raw_model, trainer, data_gen, start_step, best_val
+    return trainer, data_gen, start_step, best_val
 
 
 def compile_and_wrap(trainer, cfg, model_cfg, device, ddp, local_rank):
-    """What trains (the model compiled and/or DDP-wrapped, set on trainer.model), what evaluates, and
-    T²MLR's middle-pass counter. compile: None = on for CUDA (support.runtime.compile_model: T²MLR's layers,
-    gate and state update in place, once each, so its sweeps and tokens, exact ones too, never unroll)."""
+    """What trains (the model compiled and/or DDP-wrapped, set on trainer.model), what evaluates, and T²MLR's
+    middle-pass counter. compile: None = on for CUDA (support.runtime.compile_model)."""
     raw_model, device_type = trainer.raw_model, device.split(":")[0]
-    use_compile = device_type == "cuda" if cfg.compile is None else cfg.compile
+    trainer.compiled = device_type == "cuda" if cfg.compile is None else cfg.compile
     pass_counter = count_middle_passes(raw_model) if model_cfg.t2mlr else None  # a hook, before compiling
     random_depth = model_cfg.layout and cfg.loops_sampler != "fixed"
-    if use_compile and random_depth:   # one static graph per loop count drawn (1 .. max_loops), never eager
+    if trainer.compiled and random_depth:   # one static graph per loop count drawn (1 .. max_loops), never eager
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, model_cfg.max_loops)
         torch._dynamo.config.fail_on_recompile_limit_hit = True
-    compiled = compile_model(raw_model, dynamic=False if random_depth else None) if use_compile else raw_model
+    compiled = compile_model(raw_model, dynamic=False if random_depth else None) if trainer.compiled else raw_model
     # MeSH's routers of steps past a step's loop count (or in its truncated loops) get no gradient then
     unused = model_cfg.state_passing == "mesh" and model_cfg.layout != "" and (
         random_depth or cfg.loops_backprop is not None or model_cfg.max_loops > model_cfg.n_loops)
@@ -427,25 +398,7 @@ def compile_and_wrap(trainer, cfg, model_cfg, device, ddp, local_rank):
                         find_unused_parameters=unused) if ddp else compiled
     trainer.ddp = ddp
     eval_model = compiled if not model_cfg.t2mlr or cfg.val_mode == "jacobi" else raw_model
-    trainer.compiled = use_compile
     return trainer.model, eval_model, pass_counter
-
-
-def check_finite(train_loss, step, ckpt_path):
-    """train_loss, or RunError when it is NaN or inf (one host sync a step; the same on every rank), so the
-    run stops before the update and ckpt.pt keeps the last good state."""
-    if not torch.isfinite(train_loss):
-        raise RunError(f"non-finite train loss {train_loss.item()} at step {step}; stopped before the update, "
-                       f"{ckpt_path} holds the last good state")
-    return train_loss
-
-
-def mean_over_ranks(value, ddp):
-    """The mean of a 0-d tensor over all ranks (the value itself on one process)."""
-    if ddp:
-        dist.all_reduce(value)
-        value /= dist.get_world_size()
-    return value
 
 
 def gather(value, ddp, world_size):

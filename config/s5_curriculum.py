@@ -6,7 +6,7 @@
 
 # the curriculum over the number of actions: n from 1 (the first state is a copy of the first action), one
 # more once the loss of the state tokens alone falls below the word problem's 0.3, every example at the
-# curriculum's length. On the laptop (studies/s5.md) this rule took T2MLR through n = 12; the rule on the whole
+# curriculum's length. On the laptop (studies/s5_retrieval.md) this rule took T2MLR through n = 12; the rule on the whole
 # loss never passed n = 2, where a lookup learned or not hid the state's loss.
 curriculum_start = 1
 curriculum_threshold = 0.3

@@ -2,7 +2,7 @@
 # Run: python -m studies.s5_retrieval config/s5_lstm.py
 
 # model: 4 LSTM layers of width 682 = 15,034,008 parameters, within 0.1% of config/s5_t2mlr.py's 15,043,202
-# (s5_retrieval.lstm_hidden_for). The reference's sweep used width 360 (4.23M parameters, not matched).
+# (s5_retrieval.lstm_hidden_for). The T²MLR code's sweep used width 360 (4.23M parameters, not matched).
 # The transformer keys below only give the vocabulary.
 arch = "lstm"
 lstm_layers = 4
@@ -16,7 +16,7 @@ n_head = 6
 n_kv_head = 6
 mlp_hidden = 1536
 tie_embeddings = False
-rope_pct = 0.0                 # NoPE: no positional encoding (the reference's DISABLE_POSITIONAL_ENCODING)
+rope_pct = 0.0                 # NoPE: no positional encoding (the T²MLR code's DISABLE_POSITIONAL_ENCODING)
 
 # task
 train_min_n = 1

@@ -1,4 +1,4 @@
-# S5-Retrieval, the T²MLR paper's settings (§3.1; the reference's train_s5_retrieval.sh): a GPU run.
+# S5-Retrieval, the T²MLR paper's settings (§3.1; the T²MLR code's train_s5_retrieval.sh): a GPU run.
 # Run: python -m studies.s5_retrieval config/s5_t2mlr.py   (baselines: config/s5_transformer.py, config/s5_lstm.py)
 
 # model: a 6-layer LLaMA-style transformer, H 384, no positional encoding, layers 1..4 recurrent in time
@@ -11,7 +11,7 @@ n_head = 6
 n_kv_head = 6
 mlp_hidden = 1536
 tie_embeddings = False
-rope_pct = 0.0                 # NoPE: no positional encoding (the reference's DISABLE_POSITIONAL_ENCODING)
+rope_pct = 0.0                 # NoPE: no positional encoding (the T²MLR code's DISABLE_POSITIONAL_ENCODING)
 t2mlr = True
 l_start = 1                    # the gate mixes R_{t-1} into the input of layer 1
 l_end = 4                      # R_t is written from the output of layer 4

@@ -1,5 +1,5 @@
 # S5-Retrieval baseline at the paper's settings: the same NoPE transformer with T²MLR off
-# (the reference sweep's "t2mlr_off" run).
+# (the "t2mlr_off" run of the T²MLR code's sweep).
 # Run: python -m studies.s5_retrieval config/s5_transformer.py
 
 # model: a 6-layer LLaMA-style transformer, H 384, no positional encoding, no recurrence
@@ -12,7 +12,7 @@ n_head = 6
 n_kv_head = 6
 mlp_hidden = 1536
 tie_embeddings = False
-rope_pct = 0.0                 # NoPE: no positional encoding (the reference's DISABLE_POSITIONAL_ENCODING)
+rope_pct = 0.0                 # NoPE: no positional encoding (the T²MLR code's DISABLE_POSITIONAL_ENCODING)
 t2mlr = False                  # the same transformer without recurrence
 
 # task

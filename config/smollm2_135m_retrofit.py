@@ -19,7 +19,7 @@ jacobi_sweeps = 16             # D: Jacobi sweeps per step, the final one includ
 jacobi_grad_sweeps = 4         # b: sweeps before the final one that keep gradient (b + 1 with autograd)
 recurrent_residual = True
 recurrent_detach = False
-gate_weight_gain = 0.01         # small gate weights, as the reference fine-tunes pretrained models
+gate_weight_gain = 0.01         # small gate weights, as the T²MLR code fine-tunes pretrained models
 block_size = 2048               # the checkpoint allows 8192; 2048 as in the paper's pretraining runs
 
 # data and optimisation: a short fine-tune, far below the pretraining learning rate

@@ -1,5 +1,5 @@
 # Tiny LLaMA-flavour vanilla model: the T²MLR baseline at CPU scale
-# (the tiny shape in which we timed the T²MLR reference code on CPU; see bench.py).
+# (the tiny shape in which we timed the T²MLR code on CPU; see bench.py).
 # Run: python prepare_data.py --source pydoc --tokenizer byte && python train.py config/tiny_llama.py
 
 # model

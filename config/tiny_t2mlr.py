@@ -1,5 +1,5 @@
 # Tiny T²MLR: tiny_llama.py with layers 2..5 recurrent in time
-# (the tiny setting in which we timed the T²MLR reference code on CPU; see bench.py).
+# (the tiny setting in which we timed the T²MLR code on CPU; see bench.py).
 # Run: python prepare_data.py --source pydoc --tokenizer byte && python train.py config/tiny_t2mlr.py
 # Retrofit a trained tiny_llama instead of training from scratch:
 #      python train.py config/tiny_t2mlr.py --init_from=out/tiny_llama/ckpt.pt

@@ -5,7 +5,7 @@ initialisations:
 
     ours        the config as it is: GPT.init_weights (the MeSH paper's std sqrt(2/(5C)), depth-scaled output
                 projections) and embeddings times sqrt(C)
-    reference   weight_init="reference", embed_scale=False: the T²MLR reference's Hugging Face Llama models,
+    normal_0.02 weight_init="normal_0.02", embed_scale=False: the T²MLR code's Hugging Face Llama models,
                 every weight N(0, 0.02²), embeddings unscaled
 
 The gate's own initialisation (GPT.init_gate: W_p the Linear default) is the same in both.
@@ -41,7 +41,7 @@ CONFIGS = ["tiny_t2mlr", "s5_tiny_t2mlr", "s5_tiny_t2mlr_exact", "s5_t2mlr", "sm
 # SmolLM2-135M's config.json, for the retrofit config (whose architecture comes from the released model)
 SMOLLM2_135M = dict(flavour="llama", vocab_size=49152, n_layer=30, n_embd=576, n_head=9, n_kv_head=3,
                     mlp_hidden=1536, rope_theta=100000.0, tie_embeddings=True, norm_eps=1e-5)
-INITS = {"ours": {}, "reference": {"weight_init": "reference", "embed_scale": False}}
+INITS = {"ours": {}, "normal_0.02": {"weight_init": "normal_0.02", "embed_scale": False}}
 
 
 class GateInputs:
@@ -147,7 +147,7 @@ def main(argv):
                                 "recurrence, pooled over positions t >= 1 reading a state (S5: c >= 2), "
                                 "B = 4 sequences, seed 0",
                    "inits": {"ours": "the config as is (GPT.init_weights, embed_scale)",
-                             "reference": "weight_init='reference', embed_scale=False"},
+                             "normal_0.02": "weight_init='normal_0.02', embed_scale=False"},
                    "results": results}, f, indent=1)
     print(f"wrote {out}")
 

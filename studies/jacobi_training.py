@@ -10,8 +10,8 @@ sequences longer than D. This study trains the same T²MLR (the word-problem rec
   gradient is cut after b sweeps);
 - the positions past the exactness front: D = 32, b = 4 at n = 32 (the forward exact again);
 - the gradient cut: D = 16, b = 15 at n = 32;
-- the start of the sweeps: D = 16, b = 4 at n = 32 from a plain pass (jacobi_init "plain", as the T²MLR code
-  starts them) rather than from R = 0.
+- the start of the sweeps: D = 16, b = 4 at n = 32 from one pass of the middle layers without the gate
+  (jacobi_init "ungated", as the T²MLR code starts them) rather than from R = 0.
 
 Each run is word_problem.run_one's (resumable; two processes share the runs through its lock), tested at
 every position up to 4n. Its JSON records the commit, train_n, D, b and the mode.
@@ -40,7 +40,8 @@ from support.runtime import RunError
 
 # arm -> (training mode, D = jacobi_sweeps, b = jacobi_grad_sweeps, jacobi_lag); exact training uses
 # none. The recipes "lag": D = T - lag for words of T tokens, so D follows the curriculum's length. An arm
-# in PLAIN_START starts its sweeps from a plain pass of the middle layers (jacobi_init "plain"), not R = 0.
+# in PLAIN_START starts its sweeps from an ungated pass of the middle layers (jacobi_init "ungated"), not
+# R = 0.
 ARMS = {"exact": ("exact", None, None, 0), "jacobi_D16_b4": ("jacobi", 16, 4, 0),
         "jacobi_D16_b4_plain": ("jacobi", 16, 4, 0),
         "jacobi_D32_b4": ("jacobi", 32, 4, 0), "jacobi_D16_b15": ("jacobi", 16, 15, 0),
@@ -55,7 +56,7 @@ PLAN = ([(arm, n, s) for s in SEEDS for arm, n in (("exact", 32), ("jacobi_D16_b
         + [("jacobi_lag1_b4", 32, s) for s in SEEDS] + [("jacobi_D16_b4_plain", 32, s) for s in SEEDS])
 GROUP = "A5"
 OUT = "studies/results/jacobi_training"
-FIGURE = "studies/results/figures/jacobi_training.png"
+FIGURE = "studies/results/jacobi_training/jacobi_training.png"
 CKPT = "out/jacobi_training"                  # the runs' checkpoints
 
 
@@ -67,7 +68,7 @@ def spec(arm, n, seed, size=wp.FULL):
     model = wp.matched_arms(size, GROUP)["t2mlr"]
     if mode == "jacobi":
         jacobi = {"jacobi_sweeps": D, "jacobi_grad_sweeps": b} | ({"jacobi_lag": lag} if lag else {}) \
-            | ({"jacobi_init": "plain"} if arm in PLAIN_START else {})
+            | ({"jacobi_init": "ungated"} if arm in PLAIN_START else {})
         model = dict(model, config=model["config"] | jacobi)
     return wp.spec_of(size, "jacobi", GROUP, "t2mlr", seed, model, None, mode, tag=f"_{arm}_n{n}")
 

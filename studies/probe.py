@@ -3,7 +3,7 @@ See inside a trained model: MeSH's three diagnostics of the hidden states (MeSH 
 for every variant of model.py (vanilla, base / residual / anchor / anchor* / mesh recursion, T²MLR).
 
     python -m studies.probe out/tiny_mesh/ckpt.pt              # 64 val sequences, written next to ckpt.pt
-    python -m studies.probe out/tiny_mesh/ckpt.pt --num_seqs 500 --out studies/results/figures   # the paper used 500
+    python -m studies.probe out/tiny_mesh/ckpt.pt --num_seqs 500 --out studies/results/probe     # the paper used 500
 
 On N validation windows of block_size tokens (the fixed, evenly strided windows of support.data.val_starts), it
 measures

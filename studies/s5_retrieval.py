@@ -19,7 +19,7 @@ fixed-size state to do the retrieval.
     python -m studies.s5_retrieval --rerun                    # setting A again: exact states, init, gate LR
     python -m studies.s5_retrieval config/s5_t2mlr.py         # the paper's settings (a GPU; 400k steps)
 
-Format (the reference's generator): input = `<A_key>v1v2v3v4` for every dictionary entry, `|`, then
+Format (the T²MLR code's generator): input = `<A_key>v1v2v3v4` for every dictionary entry, `|`, then
 `<A_act>␣␣␣␣` per action; target = the same dictionary and `|`, then `<A_state>` and the action key's code
 per action. Labels are not shifted: logits[t] predict target[t]. control = 1 (non-recurrent) on the
 dictionary and `|`, 2 (recurrent) on the actions and their blanks. Sequence length (2 + 2·value_len)·n + 1.
@@ -37,12 +37,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from configurator import ConfigError, check_ranges, load_config
+from configurator import ConfigError, load_config
 from model import GPT, GPTConfig
 from studies.common import LSTMLM, advance_curriculum, curriculum_length, gate_values, read_json, write_json
 from studies.common import lstm_hidden_for  # noqa: F401  (the S5 configs' LSTM width, imported from here)
 from support.checkpoints import load_checkpoint, rng_states
 from support.compat import upgrade_config
+from support.config import check_settings
 from support.loop import evaluation_due, make_trainer, optimizer_step, resume, save_state, saved_step
 from support.process import keeps_process_state
 from support.runtime import RunError, autocast_context, resolve_device, resolve_dtype
@@ -98,7 +99,7 @@ def make_example(n: int, rng: random.Random, value_len: int = 4):
 
 
 class S5Tokenizer:
-    """The reference's character tokenizer, 188 ids: <pad> <unk> <bos> <eos> (0-3), 52 letters (4-55),
+    """The T²MLR code's character tokenizer, 188 ids: <pad> <unk> <bos> <eos> (0-3), 52 letters (4-55),
     10 digits (56-65), space (66), '|' (67), then the 120 permutation tokens in lexicographic order (68-187).
     """
 
@@ -160,7 +161,7 @@ class S5Config:
     value_len: int = 4                    # characters per dictionary code
     eval_examples: int = 64               # test examples per n in the final evaluation (training: a quarter)
     lstm_layers: int = 4                  # the LSTM baseline (arch='lstm')
-    lstm_hidden: int = 360                # the reference sweep's width (the configs match parameters)
+    lstm_hidden: int = 360                # the T²MLR code's sweep's width (the configs match parameters)
     curriculum_start: int = 0             # 0: n uniform in [train_min_n, train_max_n] from the first step;
     curriculum_threshold: float = 0.3     # else in [train_min_n, L], L from curriculum_start up to
                                           # train_max_n, one more once the loss mean < threshold
@@ -185,7 +186,7 @@ class S5Config:
         for key, default in (("curriculum_draw", "uniform"), ("curriculum_loss", "all")):
             if getattr(self, key) != default and not self.curriculum_start:
                 raise ValueError(f"{key} {getattr(self, key)!r} needs a curriculum: set curriculum_start >= 1")
-        check_ranges(
+        check_settings(
             self,
             {
                 name: ">= 1"
@@ -485,24 +486,24 @@ def compare(overrides, root="out/s5"):
 RERUN_ARMS = {      # name: overrides; every arm on the same batches and the same 2,000-step schedule
     "jacobi D=16 (setting A)": ["config/s5_tiny_t2mlr.py"],
     "exact": ["config/s5_tiny_t2mlr_exact.py"],
-    "exact, reference init": ["config/s5_tiny_t2mlr_exact.py", "--weight_init=reference", "--embed_scale=False"],
+    "exact, normal_0.02 init": ["config/s5_tiny_t2mlr_exact.py", "--weight_init=normal_0.02", "--embed_scale=False"],
     "exact, gate lr x10": ["config/s5_tiny_t2mlr_exact.py", "--gate_lr_multiplier=10"],
-    "exact, reference init, gate lr x10": ["config/s5_tiny_t2mlr_exact.py", "--weight_init=reference",
-                                           "--embed_scale=False", "--gate_lr_multiplier=10"],
+    "exact, normal_0.02 init, gate lr x10": ["config/s5_tiny_t2mlr_exact.py", "--weight_init=normal_0.02",
+                                             "--embed_scale=False", "--gate_lr_multiplier=10"],
 }
 RERUN_PROBE, RERUN_FULL = 400, 2000     # every arm to RERUN_PROBE steps; two continue to RERUN_FULL
-RERUN_COMBINED = "exact, reference init, gate lr x10"     # the three changes together: always continued
+RERUN_COMBINED = "exact, normal_0.02 init, gate lr x10"   # the three changes together: always continued
 
 
 def rerun(overrides, root="out/s5_rerun", results_path="studies/results/s5_rerun.json",
           arms=RERUN_ARMS, probe_steps=RERUN_PROBE, full_steps=RERUN_FULL, log=print):
     """Every arm of `arms` to probe_steps on the schedule of full_steps (lr_decay_iters = full_steps), into
     root/<arm>; then the exact arm whose |θ_r| is largest at probe_steps (the gate opened furthest) and the
-    combined arm (RERUN_COMBINED: exact states, the reference's initialisation and a 10x gate LR, where it is
+    combined arm (RERUN_COMBINED: exact states, the T²MLR code's initialisation and a 10x gate LR, where it is
     an arm) continue to full_steps (resumed: the same run as if never stopped). Resumable at every stage (a stopped
     arm continues, a finished one is reused). Writes results_path: per arm its θ_r and loss curves, its
     state and code accuracy at the longest training n and at twice it, and setting A's earlier numbers
-    (studies/results/figures/s5_retrieval.json). Returns that dict."""
+    (studies/results/s5_retrieval/s5_retrieval.json). Returns that dict."""
     def out_dir_of(name):
         return os.path.join(root, re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_"))
 
@@ -543,11 +544,11 @@ def rerun(overrides, root="out/s5_rerun", results_path="studies/results/s5_rerun
                 "per_n": r["per_n"]}
 
     earlier = {}
-    if os.path.exists("studies/results/figures/s5_retrieval.json"):
-        with open("studies/results/figures/s5_retrieval.json") as f:
+    if os.path.exists("studies/results/s5_retrieval/s5_retrieval.json"):
+        with open("studies/results/s5_retrieval/s5_retrieval.json") as f:
             old = json.load(f)["results"]["T²MLR"]
-        earlier = {"source": "studies/results/figures/s5_retrieval.json (setting A, Jacobi D = 16, 2,000 steps); θ_r from "
-                             "studies/s5.md", "theta_r": -0.018,
+        earlier = {"source": "studies/results/s5_retrieval/s5_retrieval.json (setting A, Jacobi D = 16, 2,000 steps); θ_r from "
+                             "studies/s5_retrieval.md", "theta_r": -0.018,
                    **{f"{k}@{n}": old["per_n"][str(n)][k] for n in (12, 24)
                       for k in ("state_acc", "code_acc", "token_acc")}}
     command = " ".join(["python -m studies.s5_retrieval --rerun", *overrides]

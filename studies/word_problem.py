@@ -51,6 +51,7 @@ from studies.common import (LSTMLM, advance_curriculum, curriculum_length, gate_
                             read_json, write_json)
 from studies.reproduce.stats import mean_std, paired_stats, t_quantile
 from support.checkpoints import rng_states
+from support.compat import upgrade_config
 from support.loop import evaluation_due, get_lr, make_trainer, optimizer_step, save_state
 from support.process import keeps_process_state
 from support.runtime import RunError
@@ -230,14 +231,14 @@ def gpt_config(size, group, **fields) -> dict:
 
 def t2mlr_fields(init: str) -> dict:
     """T²MLR on the middle layers 1..2 of 4, the S5 configs' gate and state update; init "mesh" (ours) or
-    "reference" (every weight N(0, 0.02²), embeddings unscaled: the T²MLR reference's)."""
+    "normal_0.02" (every weight N(0, 0.02²), embeddings unscaled: the T²MLR code's)."""
     return dict(t2mlr=True, l_start=1, l_end=2, jacobi_sweeps=16, jacobi_grad_sweeps=15,
                 recurrent_residual=True, recurrent_detach=True, gate_bias_prob=0.5, gate_weight_gain=1.0,
                 **init_fields(init))
 
 
 def init_fields(init: str) -> dict:
-    return dict(weight_init="reference", embed_scale=False) if init == "reference" else {}
+    return dict(weight_init="normal_0.02", embed_scale=False) if init == "normal_0.02" else {}
 
 
 def count_params(model) -> int:
@@ -345,6 +346,15 @@ def run_json(paths, spec) -> str:
     return os.path.join(paths["runs"], spec["name"] + ".json")
 
 
+def upgrade_spec(stored):
+    """A stored run spec with its model config's renamed keys and values under their new names
+    (support.compat), so a run made before a rename is still the same run."""
+    model = stored.get("model")
+    if not (isinstance(model, dict) and isinstance(model.get("config"), dict)):
+        return stored
+    return dict(stored, model=dict(model, config=upgrade_config(model["config"])))
+
+
 def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     """Train and evaluate the run `spec` (a dict: name, group, seed, model, train, train_mode, train_n,
     test_n, test_examples, curriculum), or return its finished results. Resumable: a finished run (its
@@ -357,7 +367,7 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     out_json = out_json or run_json(paths, spec)
     if os.path.exists(out_json):
         done = read_json(out_json)
-        if done["spec"] != spec:
+        if upgrade_spec(done["spec"]) != spec:
             raise RunError(f"{out_json} was made with another spec; delete it (and its checkpoint) to rerun")
         return done
     ckpt_dir = ckpt_dir or os.path.join(paths["ckpt"], spec["name"])
@@ -369,7 +379,7 @@ def run_one(spec, paths, log=print, device="cpu", out_json=None, ckpt_dir=None):
     model = build(spec["model"]).to(device)
 
     def check(ckpt):
-        if json.loads(ckpt["spec"]) != spec:
+        if upgrade_spec(json.loads(ckpt["spec"])) != spec:
             raise RunError(f"{ckpt_path} was made with another spec; delete it to rerun")
 
     trainer, start, ckpt = open_run(model, cfg, ckpt_path, check, device)
@@ -915,14 +925,14 @@ def plot_depth_vs_time(doc, paths):
 
 def study_paths(root=None, report_only=False):
     """Where a study reads and writes. The default root is the committed one (the runs in
-    studies/results/word_problem, the figures in studies/results/figures/); a report of it alone goes to
+    studies/results/word_problem, the figures beside them); a report of it alone goes to
     out/word_problem_report, so that reading the tables rewrites no tracked file."""
     if root is None and report_only:
         return dict(study_paths(), json="out/word_problem_report/word_problem.json",
                     assets="out/word_problem_report")
     if root is None:
         return {"runs": "studies/results/word_problem", "ckpt": "out/word_problem",
-                "json": "studies/results/word_problem.json", "assets": "studies/results/figures"}
+                "json": "studies/results/word_problem.json", "assets": "studies/results/word_problem"}
     return {"runs": os.path.join(root, "runs"), "ckpt": os.path.join(root, "ckpt"),
             "json": os.path.join(root, "word_problem.json"), "assets": root}
 
@@ -1069,7 +1079,7 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="every stage at toy size, into out/word_problem_quick")
     p.add_argument("--gpu", action="store_true", help="the GPU config, into out/word_problem_gpu")
     p.add_argument("--report", action="store_true", help="the JSON and figures from the finished runs")
-    p.add_argument("--root", help="the study's folder (default: studies/results/word_problem + studies/results/figures/)")
+    p.add_argument("--root", help="the study's folder (default: studies/results/word_problem)")
     p.add_argument("--stage", choices=STAGES, action="append", help="run only this stage (repeatable)")
     p.add_argument("--group", choices=GROUPS, help="one run: the group; without --arm: the stages' runs of it")
     p.add_argument("--arm", choices=ARMS, help="one run: the arm")
@@ -1118,11 +1128,11 @@ if __name__ == "__main__":
 
 def theta_trajectories(group="S3", steps=300, lr=3e-3, seed=100, every=25, log=print):
     """T²MLR on `group` (the study's FULL size, exact training, the chosen lr; seed 100 is the pilot's, not a
-    test seed) trained `steps` steps in four settings: init ours / the reference's, gate_lr_multiplier 1 / 10,
+    test seed) trained `steps` steps in four settings: init ours / the T²MLR code's, gate_lr_multiplier 1 / 10,
     through support/loop.py's optimizer step. Returns {setting: {"step": [...], "theta_r": [...], "accuracy":
     in-distribution accuracy at the end}}. The same batches for every setting (batch_seed); no checkpoints."""
     table, out = multiplication_table(group), {}
-    for init in ("mesh", "reference"):
+    for init in ("mesh", "normal_0.02"):
         for m in (1.0, 10.0):
             torch.manual_seed(seed)
             model = build(matched_arms(FIXED_LENGTH, group, init_t2mlr=init)["t2mlr"]).train()

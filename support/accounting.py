@@ -13,64 +13,62 @@ from model import GPT, GPTConfig
 
 def param_counts(model: GPT) -> dict:
     """Parameter counts (each shared tensor once): total; embedding (token embedding and output head);
-    non_embedding = the transformer layers and final norm (the papers' count, as in the MeSH paper's Table 5);
-    router (MeSH) and gate (T²MLR) separately."""
+    non_embedding = the layers and final norm (the papers' count, as the MeSH paper's Table 5); router (MeSH)
+    and gate (T²MLR) apart."""
     counts = {"total": 0, "embedding": 0, "non_embedding": 0, "router": 0, "gate": 0}
     for name, p in model.named_parameters():
-        group = ("embedding" if name.startswith(("wte.", "lm_head.")) else
-                 "router" if name.startswith("mesh.") else
-                 "gate" if name.startswith("gate.") else "non_embedding")
+        group = ("embedding" if name.startswith(("wte.", "lm_head.")) else "router" if name.startswith("mesh.")
+                 else "gate" if name.startswith("gate.") else "non_embedding")
         counts[group] += p.numel()
         counts["total"] += p.numel()
     return counts
 
 
-def layer_passes(model: GPT, T: Optional[int] = None, n_loops=None, loops_backprop=None):
-    """Per unique layer, (forward passes, backward passes) in one training step on T tokens (default
-    block_size; T²MLR's D may follow it: GPTConfig.sweeps), for FLOP counting.
+def jacobi_D(cfg, T: int) -> int:
+    """D, the Jacobi sweeps of a training step on T tokens, as GPT.jacobi_forward takes it: jacobi_sweeps,
+    or T - jacobi_lag when the sweeps follow the length."""
+    return max(1, T - cfg.jacobi_lag) if cfg.jacobi_lag else cfg.jacobi_sweeps
 
-    Plain and recursive: each application once forward and once backward (a core layer K times, or the
-    step's draw n_loops forward and min(n_loops, loops_backprop) backward: random-depth training).
-    T²MLR Jacobi (GPT.jacobi_forward): lower 1/1; middle D forward (D - 1 refining sweeps and the final
-    sweep), min(b, D - 1) + 1 backward; upper 1/1. jacobi_init "plain" adds one middle forward (and its
-    backward when b = D, which keeps the start's gradient too), jacobi_checkpoint the recomputed middle-layer
-    forwards of the gradient sweeps; jacobi_tol can only lower the count, so the count is its maximum.
-    """
+
+def layer_passes(model: GPT, T: Optional[int] = None, n_loops=None, loops_backprop=None):
+    """Per unique layer, (forward passes, backward passes) in one training step on T tokens (default block_size).
+    Plain and recursive: each application once each way (a core layer K times, or the step's draw n_loops
+    forward and min(n_loops, loops_backprop) backward). T²MLR Jacobi: a middle layer D forward, min(b, D - 1) + 1
+    backward; jacobi_init "ungated" adds one forward (and its backward when b = D), jacobi_checkpoint the
+    recomputed forwards of the gradient sweeps; jacobi_tol only lowers the count, so this is its maximum."""
     cfg = model.cfg
     n_prelude, n_core, K, n_coda = cfg.depth
     K = n_loops or K
     passes = [(1, 1)] * n_prelude + [(K, min(K, loops_backprop or K))] * n_core + [(1, 1)] * n_coda
     if model.gate is not None:
         start, end = cfg.recurrent_layers
-        D, b = cfg.sweeps(T or cfg.block_size), cfg.jacobi_grad_sweeps
-        grad_sweeps, plain = min(b, D - 1), cfg.jacobi_init == "plain"
-        middle = (D + plain + grad_sweeps * cfg.jacobi_checkpoint, grad_sweeps + 1 + (plain and b >= D))
+        D, b = jacobi_D(cfg, T or cfg.block_size), cfg.jacobi_grad_sweeps
+        grad_sweeps, ungated = min(b, D - 1), cfg.jacobi_init == "ungated"
+        middle = (D + ungated + grad_sweeps * cfg.jacobi_checkpoint, grad_sweeps + 1 + (ungated and b >= D))
         passes = [middle if start <= i <= end else (1, 1) for i in range(len(passes))]
     return passes
 
 
 def train_flops_per_token(model: GPT, T: Optional[int] = None, n_loops=None, loops_backprop=None) -> float:
-    """FLOPs of one training step (forward + backward) per token at sequence length T (default block_size).
-
-    A layer forward costs 2·P + 4·C·T per token, P the parameters of one layer (matmuls plus attention
-    scores and values, as nanoGPT/PaLM count it), and its backward twice that; the output head 6·C·V.
-    Looped layers and Jacobi sweeps count every time they run (nanoGPT's 6N undercounts looped models).
-    """
+    """FLOPs of one training step (forward + backward) per token at sequence length T (default block_size): a
+    layer forward 2·P + 4·C·T (P its parameters: matmuls plus attention scores and values, as nanoGPT/PaLM
+    count it), its backward twice that, the output head 6·C·V; looped layers and Jacobi sweeps count every
+    time they run (layer_passes; nanoGPT's 6N undercounts looped models)."""
     cfg = model.cfg
     T = T or cfg.block_size
-    params_per_layer = sum(p.numel() for p in model.layers[0].parameters())
-    layer_fwd = 2 * params_per_layer + 4 * cfg.n_embd * T
+    layer_fwd = 2 * sum(p.numel() for p in model.layers[0].parameters()) + 4 * cfg.n_embd * T
     passes = layer_passes(model, T, n_loops, loops_backprop)
     flops = sum((fwd + 2 * bwd) * layer_fwd for fwd, bwd in passes)
     if model.gate is not None:
         fwd, bwd = passes[cfg.recurrent_layers[0]]
-        if cfg.jacobi_init == "plain":     # the plain start's middle pass runs no gate
-            fwd, bwd = fwd - 1, bwd - (cfg.jacobi_grad_sweeps >= cfg.sweeps(T))
+        if cfg.jacobi_init == "ungated":     # the ungated start's middle pass runs no gate
+            fwd, bwd = fwd - 1, bwd - (cfg.jacobi_grad_sweeps >= jacobi_D(cfg, T))
         if cfg.jacobi_checkpoint:          # backward recomputes the middle layers, not the gate
-            fwd -= min(cfg.jacobi_grad_sweeps, cfg.sweeps(T) - 1)
-        gate, half = model.gate, model.gate.A.weight.numel() // 2
+            fwd -= min(cfg.jacobi_grad_sweeps, jacobi_D(cfg, T) - 1)
+        gate = model.gate
+        half = gate.A.weight.numel() // 2        # A's x columns act once a step (jacobi_forward's x_part)
         flops += (fwd + 2 * bwd) * 2 * (gate.W_p.weight.numel() + half)    # W_p, A's r~ columns: each sweep
-        flops += 6 * (half + gate.A.bias.numel())                  # A's x columns (gate_x_columns): once
+        flops += 6 * (half + gate.A.bias.numel())                             # A's x columns and b: once
     if model.mesh is not None:         # the routers of the steps run: 0 .. K (a step past max_loops: the last)
         per_step = sum(p.numel() for p in model.mesh.parameters()) / (cfg.max_loops + 1)
         K = n_loops or cfg.n_loops
@@ -79,13 +77,11 @@ def train_flops_per_token(model: GPT, T: Optional[int] = None, n_loops=None, loo
 
 
 class count_middle_passes:
-    """Counts how often T²MLR's middle layers run (a forward pre-hook on layer l_start), read from outside
-    the model: the Jacobi sweeps of a training forward (D, +1 with the plain start, fewer where jacobi_tol
-    stopped them). Use as `with count_middle_passes(model) as passes: ...; passes.n`, or keep one for a
-    whole run (train.py registers it once, before torch.compile), set `.n = 0` before each forward and read
-    it after the forward, before backward: jacobi_checkpoint recomputes sweeps in backward, which the hook
-    would count too, and under torch.compile a count carried across forwards would recompile the graph for
-    every value. close() removes the hook. For a model without T²MLR n stays 0."""
+    """Counts how often T²MLR's middle layers run (a forward pre-hook on layer l_start): the Jacobi sweeps of a
+    forward (D, +1 with the ungated start, fewer where jacobi_tol stopped them); n stays 0 for other models.
+    `with count_middle_passes(model) as passes: ...; passes.n`, or one for a whole run (train.py's, registered
+    before torch.compile) with n set to 0 before each forward (counting) and read before backward, which
+    recomputes sweeps under jacobi_checkpoint (and a count carried across compiled forwards would recompile)."""
 
     def __init__(self, model: GPT):
         self.n = 0
@@ -136,7 +132,7 @@ def summary(cfg: GPTConfig) -> str:
         lines.append(f"router params      {counts['router']:,} (+{model.cfg.n_slots} slots, {K + 1} steps)")
     if model.gate is not None:
         lines.append(
-            f"T²MLR gate params  {counts['gate']:,} (layers {start}..{end}, D={cfg.sweeps(cfg.block_size)}, "
+            f"T²MLR gate params  {counts['gate']:,} (layers {start}..{end}, D={jacobi_D(cfg, cfg.block_size)}, "
             f"b={cfg.jacobi_grad_sweeps})"
         )
     lines.append(f"train FLOPs/token  {train_flops_per_token(model):,.0f} at T={cfg.block_size}")
@@ -144,8 +140,8 @@ def summary(cfg: GPTConfig) -> str:
 
 
 def exact_training_flops_per_token(model_cfg) -> float:
-    """Training FLOPs per token of T²MLR trained exactly (train_mode 'exact'): the middle layers once forward
-    and once backward per token, the gate once, as Jacobi with D = 1 (train_flops_per_token counts sweeps)."""
+    """Training FLOPs per token of T²MLR trained exactly (train_mode 'exact'): the middle layers once each way
+    per token, the gate once, as Jacobi with D = 1."""
     with torch.device("meta"):
         return train_flops_per_token(GPT(replace(model_cfg, jacobi_sweeps=1, jacobi_grad_sweeps=0, jacobi_lag=0,
                                                  jacobi_tol=0.0, jacobi_checkpoint=False, jacobi_init="zero")))

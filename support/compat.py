@@ -2,7 +2,8 @@
 
 RENAMED_FIELDS maps an old GPTConfig key to its new name. A config file or --flag with an old name is
 read under the new one, with a one-line note (configurator.load_config); a checkpoint's stored
-model_config and a study's saved JSON are upgraded by upgrade_config. RENAMED_PARAMS maps an old
+model_config and a study's saved JSON are upgraded by upgrade_config. RENAMED_VALUES maps a field's old
+value to its new name, read alike (a value renamed, never changed). RENAMED_PARAMS maps an old
 parameter-name prefix of a model state dict to its new one, and the T²MLR gate's A, once stored by the
 input its columns act on, is joined into one matrix; support.checkpoints.load_checkpoint applies
 upgrade_state_dict to every checkpoint it reads. Nothing here changes a value.
@@ -18,15 +19,29 @@ RENAMED_FIELDS = {
     "state_detach": "recurrent_detach",         # T²MLR: no gradient along the R chain
 }
 
+RENAMED_VALUES = {
+    "weight_init": {"reference": "normal_0.02"},   # the T²MLR code's N(0, 0.02²) for every weight
+    "jacobi_init": {"plain": "ungated"},           # R^(0) from one pass of the middle layers, ungated
+}
 
-def upgrade_config(stored: dict) -> dict:
+
+def renamed_value(key: str, value):
+    """The new name of `value` for the field `key`, or `value` itself if it was never renamed."""
+    return RENAMED_VALUES.get(key, {}).get(value, value) if isinstance(value, str) else value
+
+
+def upgrade_config(stored: dict, note=None) -> dict:
     """A stored model-config dict with every renamed key under its new name (a new key already present
-    wins). Returns a new dict; values are untouched."""
+    wins) and every renamed value under its new name; note(text), if given, hears one line a renamed
+    value. Returns a new dict; no setting changes."""
     upgraded = {RENAMED_FIELDS.get(k, k): v for k, v in stored.items() if k not in RENAMED_FIELDS}
     for old, new in RENAMED_FIELDS.items():
         if old in stored and new not in upgraded:
             upgraded[new] = stored[old]
-    return upgraded
+    for key, value in upgraded.items():
+        if note is not None and renamed_value(key, value) != value:
+            note(f"{key} {value!r} is now called {renamed_value(key, value)!r} (the same setting)")
+    return {k: renamed_value(k, v) for k, v in upgraded.items()}
 
 
 RENAMED_PARAMS = {

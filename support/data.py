@@ -16,8 +16,8 @@ from support.runtime import RunError
 
 
 def prepare_command(data_dir, tokenizer=None):
-    """The prepare_data.py command that writes data_dir (= OUT_DIR/NAME), with `tokenizer` (e.g. a released
-    model's 'hf:...') when the run needs one other than the default."""
+    """The prepare_data.py command that writes data_dir (= OUT_DIR/NAME), with `tokenizer` when the run needs
+    one other than the default (e.g. a released model's 'hf:...')."""
     parent, name = os.path.split(os.path.normpath(data_dir))
     source = {"pydoc": "--source pydoc --tokenizer byte", "fineweb_edu": "--source fineweb-edu"}.get(
         name, f"--input <your files> --name {name}")
@@ -27,41 +27,30 @@ def prepare_command(data_dir, tokenizer=None):
 
 
 def load_meta(data_dir, block_size, tokenizer=None, needs=()):
-    """Read data_dir/meta.json and check both splits against it; `needs`: the optional fields the caller reads
-    (OPTIONAL_META_FIELDS, e.g. ("tokenizer",) for train.py).
-    Raises RunError when the folder or meta.json is missing (naming the prepare command), when meta.json is
-    not valid JSON or lacks a field (read_meta), when a .bin file's size disagrees with meta.json (incomplete
-    data), when the vocabulary does not fit the token dtype, or when a split is shorter than block_size + 1.
-    Records each .bin file's identity, which get_batch checks (check_unchanged)."""
+    """data_dir/meta.json (read_meta; `needs`: the optional fields the caller reads, e.g. ("tokenizer",)), both
+    splits checked against it. Raises RunError, naming the prepare command, when the folder or meta.json is
+    missing, a .bin file's size disagrees with meta.json, the vocabulary does not fit the token dtype, or a
+    split is shorter than block_size + 1. Records each .bin file's identity, which get_batch checks."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):        # prepare_data.py deletes it first and writes it last
         interrupted = os.path.isdir(data_dir) and any(f.endswith(".tmp") for f in os.listdir(data_dir))
-        raise RunError(
-            f"no {path}"
-            + (" (an interrupted prepare_data.py run left *.tmp files)" if interrupted else "")
-            + f": prepare the data first with `{prepare_command(data_dir, tokenizer)}`"
-        )
+        raise RunError(f"no {path}" + (" (an interrupted prepare_data.py run left *.tmp files)" if interrupted else "")
+                       + f": prepare the data first with `{prepare_command(data_dir, tokenizer)}`")
     meta = read_meta(path, data_dir, needs)
     itemsize = np.dtype(meta["dtype"]).itemsize
     if meta["vocab_size"] > 2 ** (8 * itemsize):   # ids >= 2**bits would have wrapped around when written
-        raise RunError(
-            f"vocab_size {meta['vocab_size']} does not fit {meta['dtype']} tokens (ids up to "
-            f"{2 ** (8 * itemsize) - 1}); re-run `{prepare_command(data_dir)}`, which picks uint32"
-        )
+        raise RunError(f"vocab_size {meta['vocab_size']} does not fit {meta['dtype']} tokens (ids up to "
+                       f"{2 ** (8 * itemsize) - 1}); re-run `{prepare_command(data_dir)}`, which picks uint32")
     for split in ("train", "val"):
         bin_path, n = os.path.join(data_dir, f"{split}.bin"), meta[f"{split}_tokens"]
         stat = os.stat(bin_path) if os.path.exists(bin_path) else None
-        size = stat.st_size if stat else 0
-        if size != n * itemsize:
-            raise RunError(
-                f"{bin_path} has {size} bytes but meta.json says {n} tokens x {itemsize} bytes: the data "
-                f"is incomplete, re-run `{prepare_command(data_dir)}`"
-            )
+        if (stat.st_size if stat else 0) != n * itemsize:
+            raise RunError(f"{bin_path} has {stat.st_size if stat else 0} bytes but meta.json says {n} tokens x "
+                           f"{itemsize} bytes: the data is incomplete, re-run `{prepare_command(data_dir)}`")
         if n < block_size + 1:          # one window needs block_size inputs plus the next token as target
             more = "--val_fraction (more validation tokens)" if split == "val" else "more data"
             raise RunError(f"block_size = {block_size} needs at least {block_size + 1} tokens in each split, but "
-                           f"{bin_path} has {n}: set --block_size <= {n - 1}, or re-run prepare_data.py with "
-                           f"{more}")
+                           f"{bin_path} has {n}: set --block_size <= {n - 1}, or re-run prepare_data.py with {more}")
         CHECKED[os.path.abspath(bin_path)] = file_identity(stat)
     return meta
 
@@ -73,10 +62,9 @@ OPTIONAL_META_FIELDS = {"tokenizer": str, "max_token_id": int}
 
 
 def read_meta(path, data_dir, needs=()) -> dict:
-    """The meta.json at `path` (in data_dir) as a dict with META_FIELDS and the optional fields in `needs` (e.g.
-    "tokenizer"), each of its type (counts >= 0, dtype an unsigned integer type). Raises RunError naming the
-    file and what is wrong (not JSON, a field missing or of another type), with the prepare command that
-    rewrites it."""
+    """The meta.json at `path` (in data_dir): META_FIELDS and the optional fields in `needs`, each of its type
+    (counts >= 0, dtype an unsigned integer type). Raises RunError naming the file and what is wrong, with the
+    prepare command that rewrites it."""
     redo = f"re-run `{prepare_command(data_dir)}`"
     try:
         with open(path, encoding="utf-8") as f:
@@ -89,11 +77,9 @@ def read_meta(path, data_dir, needs=()) -> dict:
     missing = [k for k in [*META_FIELDS, *needs] if k not in meta]
     if missing:
         raise RunError(f"{path} lacks {', '.join(missing)}: it is incomplete or not from prepare_data.py; {redo}")
-    fields = {**META_FIELDS, **{k: t for k, t in OPTIONAL_META_FIELDS.items() if k in meta}}
-    for key, kind in fields.items():
+    for key, kind in {**META_FIELDS, **{k: t for k, t in OPTIONAL_META_FIELDS.items() if k in meta}}.items():
         value = meta[key]
-        bad_int = kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0)
-        if bad_int or not isinstance(value, kind):
+        if not isinstance(value, kind) or kind is int and (isinstance(value, bool) or value < 0):
             raise RunError(f"{path}: {key} is {value!r}, not {'an integer >= 0' if kind is int else 'a string'}; "
                            f"{redo}")
     try:
@@ -107,13 +93,9 @@ def read_meta(path, data_dir, needs=()) -> dict:
 
 
 def check_token_ids(data_dir, meta, vocab_size, chunk=1 << 24):
-    """Raise RunError when data_dir's train.bin or val.bin (described by `meta`, load_meta's dict) holds a
-    token id the tokenizer cannot produce: one >= vocab_size, the size of its vocabulary (meta["vocab_size"]
-    for the tokenizer that made the data). Uses meta's max_token_id when meta.json records it and both files
-    still have the size and mtime it recorded for them ("files", written by prepare_data.py); else (a file
-    changed since, or an older meta.json) scans both files, `chunk` tokens at a time (one pass over the
-    data, about a second per GB from the page cache). The message names the file, the id, its position
-    and vocab_size."""
+    """Raise RunError, naming the file, the id, its position and vocab_size, when data_dir's train.bin or val.bin
+    holds a token id >= vocab_size (one the tokenizer cannot produce). Reads meta's max_token_id when both files
+    are as prepare_data.py recorded them (bins_unchanged); else scans them, `chunk` tokens at a time."""
     made = f"the {meta['tokenizer']} tokenizer" if "tokenizer" in meta else "this vocabulary"
     redo = f"the data was not made with {made}; re-run `{prepare_command(data_dir)}`"
     if "max_token_id" in meta and bins_unchanged(data_dir, meta):
@@ -133,16 +115,11 @@ def check_token_ids(data_dir, meta, vocab_size, chunk=1 << 24):
 
 
 def bins_unchanged(data_dir, meta) -> bool:
-    """Whether train.bin and val.bin have the size and mtime meta.json recorded when prepare_data.py wrote
-    them (False when it recorded none: an older meta.json)."""
+    """Whether train.bin and val.bin have the [size, mtime] meta.json's "files" recorded (False when it has none)."""
     recorded = meta.get("files")
-    if not isinstance(recorded, dict):
-        return False
-    for name in ("train.bin", "val.bin"):
-        st = os.stat(os.path.join(data_dir, name))
-        if recorded.get(name) != [st.st_size, st.st_mtime_ns]:
-            return False
-    return True
+    return isinstance(recorded, dict) and all(
+        recorded.get(name) == [(st := os.stat(os.path.join(data_dir, name))).st_size, st.st_mtime_ns]
+        for name in ("train.bin", "val.bin"))
 
 
 # os.stat identity (file_identity) of every .bin file load_meta checked, by absolute path: get_batch refuses a
@@ -151,14 +128,13 @@ CHECKED = {}
 
 
 def file_identity(stat):
-    """(size in bytes, mtime in ns, device, inode) of an os.stat result: equal while a file is not rewritten
-    or replaced."""
+    """(size, mtime in ns, device, inode) of an os.stat result: equal while a file is not rewritten or replaced."""
     return stat.st_size, stat.st_mtime_ns, stat.st_dev, stat.st_ino
 
 
 def check_unchanged(path, stat):
-    """Raise RunError when the file at `path`, whose os.stat (or fstat) is `stat`, is not the one load_meta
-    checked (CHECKED): another size, or rewritten or replaced. Files load_meta never saw pass."""
+    """Raise RunError when the file at `path`, whose os.stat is `stat`, is not the one load_meta checked
+    (CHECKED): another size, or rewritten or replaced. Files load_meta never saw pass."""
     was = CHECKED.get(os.path.abspath(path))
     if was is None or was == file_identity(stat):
         return
@@ -184,8 +160,8 @@ def step_starts(n_tokens, block_size, batch_size, grad_accum, world_size, rank, 
 
 
 def val_starts(n_tokens, block_size, n_windows):
-    """n_windows evenly strided window starts from 0 to n_tokens - block_size - 1, both included. They are
-    fixed, so every run and every variant is scored on the same tokens."""
+    """n_windows evenly strided window starts from 0 to n_tokens - block_size - 1, both included: fixed, so
+    every run and every variant is scored on the same tokens."""
     last = n_tokens - block_size - 1
     return [i * last // max(n_windows - 1, 1) for i in range(n_windows)]
 

@@ -42,10 +42,8 @@ class Trainer:
 
 
 def make_trainer(raw_model, cfg, device, dtype, ckpt_path) -> Trainer:
-    """A Trainer for raw_model on `device` with the autocast dtype `dtype`: AdamW (configure_optimizers: weight
-    decay on >= 2-D tensors, for any module, e.g. the S5 study's LSTM; the T²MLR gate at cfg.gate_lr_multiplier
-    times the LR), a GradScaler enabled for float16 only. It trains raw_model itself until the caller sets
-    .model (compiled, DDP) and .ddp."""
+    """A Trainer for raw_model on `device`, autocast to `dtype`: AdamW (configure_optimizers), a GradScaler
+    enabled for float16 only. It trains raw_model itself until the caller sets .model (compiled, DDP), .ddp."""
     device_type = device.split(":")[0]
     optimizer = configure_optimizers(raw_model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                      device_type, getattr(cfg, "gate_lr_multiplier", 1.0))
@@ -56,11 +54,9 @@ def make_trainer(raw_model, cfg, device, dtype, ckpt_path) -> Trainer:
 
 def param_groups(model, weight_decay, gate_lr_multiplier=1.0):
     """The optimizer's parameter groups, each {"params", "weight_decay", "lr_scale"}: weight decay on >= 2-D
-    tensors only (matrices and embeddings; not biases, norms, θ). With gate_lr_multiplier m != 1 and a T²MLR
-    model, the gate's parameters (all of model.gate: W_p, A_r, A_x, b_r, b_x, θ_r, θ_x; the reference's
-    is_boosted_param_name, which boosts its whole mixing module and the recurrent projection) get groups of
-    their own at lr_scale m. At m = 1 there are exactly the two groups of before (decay, no decay), so older
-    checkpoints' optimizer states fit as they are. Empty groups are left out."""
+    tensors only (any module: a GPT, the S5 study's LSTM). With gate_lr_multiplier m != 1, the T²MLR gate's
+    parameters (all of model.gate, as the T²MLR code's is_boosted_param_name) get groups of their own at
+    lr_scale m; at m = 1 the two groups of before (decay, no decay). Empty groups are left out."""
     params = [p for p in model.parameters() if p.requires_grad]
     gate = getattr(model, "gate", None) if gate_lr_multiplier != 1.0 else None
     gate_ids = {id(p) for p in gate.parameters()} if gate is not None else set()
@@ -69,25 +65,28 @@ def param_groups(model, weight_decay, gate_lr_multiplier=1.0):
         for decay in (True, False):
             chosen = [p for p in params if (id(p) in gate_ids) == boosted and (p.dim() >= 2) == decay]
             if chosen:
-                groups.append({"params": chosen, "weight_decay": weight_decay if decay else 0.0,
-                               "lr_scale": scale})
+                groups.append({"params": chosen, "weight_decay": weight_decay if decay else 0.0, "lr_scale": scale})
     return groups
 
 
 def configure_optimizers(model, weight_decay, learning_rate, betas, device_type, gate_lr_multiplier=1.0):
-    """AdamW over param_groups(model, weight_decay, gate_lr_multiplier), for any module (a GPT, the S5 study's
-    LSTM); fused on CUDA. Each group starts at learning_rate times its lr_scale; optimizer_step sets
-    get_lr(step) times lr_scale at every step."""
-    groups = param_groups(model, weight_decay, gate_lr_multiplier)
-    for group in groups:
-        group["lr"] = learning_rate * group["lr_scale"]
-    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+    """AdamW over param_groups(model, weight_decay, gate_lr_multiplier), fused on CUDA, at learning_rate (set_lr)."""
+    optimizer = torch.optim.AdamW(param_groups(model, weight_decay, gate_lr_multiplier), lr=learning_rate,
+                                  betas=betas, fused=device_type == "cuda")
+    set_lr(optimizer, learning_rate)
+    return optimizer
+
+
+def set_lr(optimizer, lr):
+    """Set every parameter group to lr times its lr_scale (the T²MLR gate's: gate_lr_multiplier); returns lr."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_scale"]
+    return lr
 
 
 def load_optimizer_state(optimizer, saved, model, path):
-    """Load the optimizer state `saved` (a state_dict, read from `path`) into `optimizer`, built by
-    configure_optimizers for `model`, keeping this run's group settings (lr_scale, weight_decay, betas: the
-    configured ones win over the saved ones). A state saved under the other grouping (2 groups at
+    """Load the optimizer state `saved` (read from `path`) into `optimizer`, built by configure_optimizers for
+    `model`; this run's lr_scale, weight_decay and betas win. A state saved under the other grouping (2 groups at
     gate_lr_multiplier 1, up to 4 with the gate apart) is regrouped parameter by parameter, so a run resumes
     with any gate_lr_multiplier. Raises RunError when neither grouping fits the saved one."""
     current = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
@@ -106,8 +105,7 @@ def load_optimizer_state(optimizer, saved, model, path):
                                   for g in optimizer.param_groups]}
     optimizer.load_state_dict(saved)
     for group, settings in zip(optimizer.param_groups, current):
-        for key in ("lr_scale", "weight_decay", "betas"):
-            group[key] = settings[key]
+        group.update({key: settings[key] for key in ("lr_scale", "weight_decay", "betas")})
 
 
 LOOPS_SAMPLERS = ("fixed", "poisson_lognormal", "uniform")
@@ -152,43 +150,44 @@ def get_lr(step, cfg):
 
 
 def optimizer_step(t: Trainer, step, grad_accum, micro_loss, lr=None):
-    """Optimizer step `step` (0-based) at the schedule's LR (get_lr; `lr` given: that LR instead): grad_accum micro-steps of forward and backward,
-    micro_loss(model, m) giving micro-step m's loss (its batch through `model`, under autocast), then the
-    gradients clipped to cfg.grad_clip (0 = not clipped; the norm is returned either way) and the update.
-    Returns (the mean loss over micro-steps and ranks, the grad norm) as 0-d tensors on the device, and the
-    schedule's LR (the gate's groups run at it times gate_lr_multiplier); reading the tensors syncs the host. Raises RunError, before the update, when the loss is not
-    finite."""
-    lr = get_lr(step, t.cfg) if lr is None else lr
-    for group in t.optimizer.param_groups:         # the schedule's LR times each group's scale (the gate's m)
-        group["lr"] = lr * group["lr_scale"]
+    """Optimizer step `step` (0-based) for the studies (train.py writes its own on the page): at the schedule's
+    LR (get_lr; or `lr`), grad_accum micro-steps, micro_loss(model, m) giving micro-step m's loss (under
+    autocast), the gradients clipped to cfg.grad_clip (0 = not clipped), the update. Returns (the mean loss over
+    micro-steps and ranks, the grad norm), 0-d tensors on the device, and the LR. Raises RunError, before the
+    update, when the loss is not finite."""
+    lr = set_lr(t.optimizer, get_lr(step, t.cfg) if lr is None else lr)
     loss_sum = torch.zeros((), device=t.device)      # summed on the device: no host sync per micro-step
     for micro in range(grad_accum):
-        # DDP arms its gradient all-reduce during the forward pass, so whether this micro-step syncs
-        # is decided before it: only the last one does, and no_sync wraps forward AND backward.
+        # DDP syncs in the forward of the last micro-step only: no_sync wraps the others' forward AND backward
         with t.model.no_sync() if t.ddp and micro < grad_accum - 1 else nullcontext():
             with t.autocast:
                 loss = micro_loss(t.model, micro)
             loss_sum += loss.detach()
             t.scaler.scale(loss / grad_accum).backward()
-    if t.ddp:
-        dist.all_reduce(loss_sum)
-        loss_sum /= dist.get_world_size()
-    train_loss = loss_sum / grad_accum                # the exact mean over all micro-steps and ranks
-    # One host sync per step: a NaN/inf loss (the same on every rank after the all-reduce) stops the
-    # run before the update, leaving ckpt.pt at the last good evaluation.
-    if not torch.isfinite(train_loss):
-        raise RunError(
-            f"non-finite train loss {train_loss.item()} at step {step}; stopped before the update, "
-            f"{t.ckpt_path} holds the last good state"
-        )
+    train_loss = check_finite(mean_over_ranks(loss_sum / grad_accum, t.ddp), step, t.ckpt_path)
     t.scaler.unscale_(t.optimizer)                    # clip the true gradients, not fp16-scaled ones
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        t.raw_model.parameters(), t.cfg.grad_clip if t.cfg.grad_clip > 0 else math.inf
-    )
+    grad_norm = torch.nn.utils.clip_grad_norm_(t.raw_model.parameters(), t.cfg.grad_clip or math.inf)
     t.scaler.step(t.optimizer)
     t.scaler.update()
     t.optimizer.zero_grad(set_to_none=True)
     return train_loss, grad_norm, lr
+
+
+def check_finite(train_loss, step, ckpt_path):
+    """train_loss, or RunError when it is NaN or inf (one host sync a step; the same on every rank), so the
+    run stops before the update and ckpt.pt keeps the last good state."""
+    if not torch.isfinite(train_loss):
+        raise RunError(f"non-finite train loss {train_loss.item()} at step {step}; stopped before the update, "
+                       f"{ckpt_path} holds the last good state")
+    return train_loss
+
+
+def mean_over_ranks(value, ddp):
+    """The mean of a 0-d tensor over all ranks (the value itself on one process)."""
+    if ddp:
+        dist.all_reduce(value)
+        value /= dist.get_world_size()
+    return value
 
 
 def evaluation_due(cfg, step, evaluated=None) -> bool:
@@ -199,20 +198,10 @@ def evaluation_due(cfg, step, evaluated=None) -> bool:
 
 
 def save_state(t: Trainer, step, rng, **fields):
-    """Write the training state after `step` updates atomically to t.ckpt_path: the weights, optimizer and
-    scaler states, step, rng (one rng_states() per rank), and the caller's `fields` (its configs, its
-    losses). resume() reads it back."""
-    save_checkpoint(
-        t.ckpt_path,
-        {
-            "model": t.raw_model.state_dict(),
-            "optimizer": t.optimizer.state_dict(),
-            "scaler": t.scaler.state_dict(),
-            "step": step,
-            "rng": rng,
-        }
-        | fields,
-    )
+    """Write the training state after `step` updates atomically to t.ckpt_path: weights, optimizer and scaler
+    states, step, rng (one rng_states() per rank) and the caller's `fields` (configs, losses). resume() reads it."""
+    save_checkpoint(t.ckpt_path, {"model": t.raw_model.state_dict(), "optimizer": t.optimizer.state_dict(),
+                                  "scaler": t.scaler.state_dict(), "step": step, "rng": rng} | fields)
 
 
 def saved_step(ckpt):
@@ -223,8 +212,8 @@ def saved_step(ckpt):
 def resume(t: Trainer, ckpt, path, rank=0, world_size=1, data_gen=None):
     """Continue the run of the checkpoint `ckpt` (read from `path`) as if it never stopped: the weights, the
     optimizer and scaler states and, where it holds them, this rank's RNG states and the data sampler
-    `data_gen`'s. Returns its step. Raises RunError when the weights do not fit, or when it was written by
-    another number of ranks (another world size cannot replay the same batches)."""
+    `data_gen`'s. Returns its step. Raises RunError when the weights do not fit, or when another number of
+    ranks wrote it (another world size cannot replay the same batches)."""
     if isinstance(t.raw_model, GPT):                  # the embedding tie mapped, a misfit named
         load_weights(t.raw_model, ckpt["model"], path)
     else:                                             # another module (the S5 study's LSTM): as saved
@@ -244,9 +233,8 @@ def resume(t: Trainer, ckpt, path, rank=0, world_size=1, data_gen=None):
 
 @torch.no_grad()
 def evaluate(model, batches, device, autocast, mode=None, tol=0.0):
-    """Mean loss per token over `batches` (an iterable of (inputs, targets): this rank's share), summed over
-    all ranks when distributed, so the value does not depend on the world size. mode and tol are passed
-    to T²MLR models."""
+    """Mean loss per token over `batches` (this rank's (inputs, targets)), summed over all ranks when
+    distributed, so it does not depend on the world size. mode and tol: T²MLR's (GPT.forward)."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(2, device=device)             # (sum of token losses, number of tokens)

@@ -17,50 +17,38 @@ from support.checkpoints import state_differences
 
 
 def hf_checkpoint(name_or_path: str):
-    """(config.json as a dict, [*.safetensors paths]) of a Hugging Face checkpoint: a local folder, or a hub
-    id such as "HuggingFaceTB/SmolLM2-135M" fetched (and cached) through huggingface_hub. Raises ValueError
-    naming the checkpoint when it cannot be found or holds no config.json / safetensors weights."""
+    """(config.json as a dict, [*.safetensors paths]) of a Hugging Face checkpoint: a local folder, or a hub id
+    such as "HuggingFaceTB/SmolLM2-135M" fetched (and cached) by huggingface_hub. Raises ValueError naming the
+    checkpoint when it cannot be found or holds no config.json / safetensors weights."""
     folder = name_or_path
+    if not os.path.isdir(folder) and (os.path.exists(folder) or folder.startswith((".", "/"))):
+        raise ValueError(f"{name_or_path!r} is not a folder: give a folder holding config.json and *.safetensors, "
+                         f"or a hub id such as 'HuggingFaceTB/SmolLM2-135M'")
     if not os.path.isdir(folder):
-        if os.path.exists(folder) or folder.startswith((".", "/")):
-            raise ValueError(
-                f"{name_or_path!r} is not a folder: give a folder holding config.json and *.safetensors, "
-                f"or a hub id such as 'HuggingFaceTB/SmolLM2-135M'"
-            )
         try:
             from huggingface_hub import snapshot_download
+            folder = snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors"])
         except ImportError:
             raise ValueError(f"{name_or_path!r} is not a local folder, and fetching it from the hub needs "
                              f"huggingface_hub: pip install huggingface_hub") from None
-        try:
-            folder = snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors"])
         except Exception as e:             # offline, unknown id, gated repo: many exception types
             raise ValueError(f"cannot fetch {name_or_path!r} from the Hugging Face hub ({type(e).__name__}); "
                              f"give a local folder holding config.json and *.safetensors") from None
-    config_path = os.path.join(folder, "config.json")
-    weights = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    config_path, weights = os.path.join(folder, "config.json"), sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not os.path.isfile(config_path) or not weights:
-        raise ValueError(
-            f"{name_or_path!r} holds no "
-            f"{'config.json' if not os.path.isfile(config_path) else '*.safetensors'}"
-            f" (pytorch_model.bin is not read: save the model with safetensors)"
-        )
+        missing = "config.json" if not os.path.isfile(config_path) else "*.safetensors"
+        raise ValueError(f"{name_or_path!r} holds no {missing} (pytorch_model.bin is not read: save the model with "
+                         f"safetensors)")
     with open(config_path) as f:
         return json.load(f), weights
 
 
 def config_from_hf(hf: dict, **overrides) -> GPTConfig:
-    """The GPTConfig of a Hugging Face config.json (dict), then `overrides` (e.g. t2mlr=True, l_start=12,
-    l_end=17, block_size=1024). Reads both the transformers 4 keys (rotary_pct, rotary_emb_base, rope_theta)
-    and the transformers 5 ones (rope_parameters). The token embeddings are not scaled (embed_scale=False).
-
-    Raises ValueError, naming the field, for an architecture other than GPTNeoXForCausalLM / LlamaForCausalLM
-    and for any setting these layers do not have: RoPE scaling, sliding windows, sequential NeoX residuals,
-    biases on LLaMA linears (or none on NeoX's), another activation, dropout, a head_dim != n_embd /
-    n_head."""
+    """The GPTConfig of a Hugging Face config.json (dict, transformers 4 or 5 keys), then `overrides` (e.g.
+    t2mlr=True); token embeddings unscaled. Raises ValueError, naming the field, for an architecture other than
+    GPTNeoXForCausalLM / LlamaForCausalLM and for a setting these layers do not have (`expected`)."""
     arch = (hf.get("architectures") or [hf.get("model_type", "?")])[0]
-    rope = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
+    rope, scaling = hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
     n_embd, n_head = hf["hidden_size"], hf["num_attention_heads"]
     expected = {"rope type": (rope_type, "default"), "sliding_window": (hf.get("sliding_window"), None),
@@ -73,10 +61,8 @@ def config_from_hf(hf: dict, **overrides) -> GPTConfig:
                      "attention_bias": (hf.get("attention_bias", True), True)}
         cfg = dict(flavour="neox", n_kv_head=n_head, norm_eps=hf.get("layer_norm_eps", 1e-5), bias=True,
                    rope_theta=rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0)),
-                   # GPT-NeoX's default
-                   rope_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)))
-    # SmolLM2: sequential residual, RMSNorm, SwiGLU, GQA, no biases
-    elif arch == "LlamaForCausalLM":
+                   rope_pct=rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)))   # GPT-NeoX's default
+    elif arch == "LlamaForCausalLM":            # SmolLM2: sequential residual, RMSNorm, SwiGLU, GQA, no biases
         expected |= {"hidden_act": (hf.get("hidden_act"), "silu"),
                      "attention_bias": (hf.get("attention_bias", False), False),
                      "mlp_bias": (hf.get("mlp_bias", False), False)}
@@ -84,23 +70,14 @@ def config_from_hf(hf: dict, **overrides) -> GPTConfig:
                    norm_eps=hf.get("rms_norm_eps", 1e-6), rope_pct=rope.get("partial_rotary_factor", 1.0),
                    rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
     else:
-        raise ValueError(
-            f"architecture {arch!r} is not supported; from_pretrained reads GPTNeoXForCausalLM (Pythia) "
-            f"and LlamaForCausalLM (SmolLM2)"
-        )
+        raise ValueError(f"architecture {arch!r} is not supported; from_pretrained reads GPTNeoXForCausalLM "
+                         f"(Pythia) and LlamaForCausalLM (SmolLM2)")
     for field, (value, ours) in expected.items():
         if value != ours:
             raise ValueError(f"{arch}: {field} = {value!r} is not supported (these layers have {ours!r})")
-    cfg |= dict(
-        vocab_size=hf["vocab_size"],
-        block_size=hf["max_position_embeddings"],
-        n_layer=hf["num_hidden_layers"],
-        n_head=n_head,
-        n_embd=n_embd,
-        mlp_hidden=hf["intermediate_size"],
-        tie_embeddings=hf.get("tie_word_embeddings", False),
-        embed_scale=False,
-    )
+    cfg |= dict(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"], n_layer=hf["num_hidden_layers"],
+                n_head=n_head, n_embd=n_embd, mlp_hidden=hf["intermediate_size"], embed_scale=False,
+                tie_embeddings=hf.get("tie_word_embeddings", False))
     return GPTConfig(**(cfg | overrides))
 
 
@@ -138,17 +115,16 @@ HF_IGNORED = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq
 
 
 def neox_qkv_rows(t, n_head):
-    """NeoX's fused query_key_value stores its rows per head, [q_h, k_h, v_h] for h = 0..n_head-1; ours
-    stores [q_0..q_{n-1}, k_0.., v_0..]. t: weight (3C, C) or bias (3C,) -> the same tensor, rows
-    regrouped."""
+    """NeoX's fused query_key_value rows per head, [q_h, k_h, v_h] for h = 0..n_head-1, regrouped as ours,
+    [q_0..q_{n-1}, k_0.., v_0..]. t: weight (3C, C) or bias (3C,)."""
     return t.unflatten(0, (n_head, 3, -1)).transpose(0, 1).flatten(0, 2)
 
 
 def state_from_hf(tensors: dict, cfg: GPTConfig) -> dict:
-    """A Hugging Face state dict (name -> tensor) as this model's state dict: renamed (HF_LAYER_NAMES,
-    HF_TOP_NAMES), q/k/v and SwiGLU gate/up fused by rows in the table's order, NeoX's per-head qkv
-    regrouped (neox_qkv_rows). A tied model takes the embedding only: a saved lm_head must equal it.
-    Raises ValueError naming a tensor that has no place in the model."""
+    """A Hugging Face state dict (name -> tensor) as this model's: renamed (HF_LAYER_NAMES, HF_TOP_NAMES), q/k/v
+    and SwiGLU gate/up fused by rows in the table's order, NeoX's per-head qkv regrouped (neox_qkv_rows). A tied
+    model takes the embedding only: a saved lm_head must equal it. Raises ValueError naming a tensor that has
+    no place in the model."""
     layer_names, prefix = HF_LAYER_NAMES[cfg.flavour], HF_LAYER_PREFIX[cfg.flavour]
     pieces = {}                                              # our name -> [(order, tensor), ...]
     for name, t in tensors.items():
@@ -158,40 +134,31 @@ def state_from_hf(tensors: dict, cfg: GPTConfig) -> dict:
         if stem.startswith(prefix):                          # "model.layers.3.self_attn.k_proj"
             i, hf_name = stem[len(prefix):].split(".", 1)
             ours = layer_names.get(hf_name)
-            order = list(layer_names).index(hf_name) if ours else 0     # the row order of a fused tensor
-            key = f"layers.{i}.{ours}.{kind}"
+            order, key = list(layer_names).index(hf_name) if ours else 0, f"layers.{i}.{ours}.{kind}"
         else:
             ours, order = HF_TOP_NAMES[cfg.flavour].get(stem), 0
             key = f"{ours}.{kind}"
         if ours is None:
             raise ValueError(f"tensor {name!r} has no place in a {cfg.flavour} model")
-        if cfg.flavour == "neox" and ours == "attn.qkv":
-            t = neox_qkv_rows(t, cfg.n_head)
-        pieces.setdefault(key, []).append((order, t))
+        pieces.setdefault(key, []).append((order, neox_qkv_rows(t, cfg.n_head) if cfg.flavour == "neox"
+                                           and ours == "attn.qkv" else t))
     state = {key: torch.cat([t for _, t in sorted(p, key=lambda x: x[0])]) for key, p in pieces.items()}
-    if cfg.tie_embeddings and "lm_head.weight" in state:
-        if not torch.equal(state.pop("lm_head.weight"), state.get("wte.weight")):
-            raise ValueError(
-                "the config ties the output head to the embedding (tie_word_embeddings), but the "
-                "checkpoint's lm_head differs from its embedding"
-            )
+    if cfg.tie_embeddings and "lm_head.weight" in state and \
+            not torch.equal(state.pop("lm_head.weight"), state.get("wte.weight")):
+        raise ValueError("the config ties the output head to the embedding (tie_word_embeddings), but the "
+                         "checkpoint's lm_head differs from its embedding")
     return state
 
 
-
-
 def load_hf_weights(model, weight_files):
-    """Copy the tensors of Hugging Face safetensors files into `model` (a GPT; cast to its dtype). Every
-    tensor must find its place and shape, and every tensor of the model must be given, except a T²MLR gate
-    (it keeps its identity initialisation). Raises ValueError naming the first problems."""
+    """Copy the tensors of Hugging Face safetensors files into `model` (a GPT; cast to its dtype). Every tensor
+    must find its place and shape, and every tensor of the model must be given, but a T²MLR gate (it keeps its
+    identity initialisation). Raises ValueError naming the first problems."""
     try:
         from safetensors.torch import load_file
     except ImportError:
         raise ValueError("reading Hugging Face weights needs safetensors: pip install safetensors") from None
-    tensors = {}
-    for path in weight_files:
-        tensors |= load_file(path)
-    state = state_from_hf(tensors, model.cfg)
+    state = state_from_hf({k: v for path in weight_files for k, v in load_file(path).items()}, model.cfg)
     tied = {"lm_head.weight"} if model.cfg.tie_embeddings else set()
     problems = state_differences(state, model.state_dict(), lambda k: k in tied or k.startswith("gate."))
     if problems:

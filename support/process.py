@@ -17,9 +17,8 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)     # the ones support.runtime.StopReq
 
 
 def keeps_process_state(main):
-    """Decorate an entry point's main: the SIGINT and SIGTERM handlers, the environment, the working
-    directory, the global RNGs (random, numpy, torch, CUDA) and torch's thread count, default dtype and TF32
-    flags are put back on return and on error."""
+    """Decorate an entry point's main: on return and on error, put back the SIGINT and SIGTERM handlers, the
+    environment, the working directory, the global RNGs and torch's thread count, default dtype and TF32 flags."""
     @functools.wraps(main)
     def kept(*args, **kwargs):
         saved = snapshot()
@@ -31,11 +30,10 @@ def keeps_process_state(main):
 
 
 def snapshot():
-    """The process-wide state keeps_process_state puts back: a dict of what is there now."""
+    """What keeps_process_state puts back, as it is now (torch's and numpy's only if they are loaded)."""
     torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
     saved = {"signals": {sig: signal.getsignal(sig) for sig in SIGNALS}, "environ": dict(os.environ),
-             "cwd": os.getcwd(), "random": random.getstate(),
-             "numpy": np.random.get_state() if np else None}
+             "cwd": os.getcwd(), "random": random.getstate(), "numpy": np.random.get_state() if np else None}
     if torch is not None:
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         saved["torch"] = (torch.get_rng_state(), cuda, torch.get_num_threads(), torch.get_default_dtype(),
@@ -44,8 +42,8 @@ def snapshot():
 
 
 def restore(saved):
-    """Put back what snapshot() recorded. Signal handlers can be set from the main thread only; a caller in
-    another thread never had them changed (signal.signal refuses there, so StopRequest cannot run)."""
+    """Put back what snapshot() recorded (the signal handlers from the main thread only: elsewhere they
+    never changed, as signal.signal refuses there)."""
     if threading.current_thread() is threading.main_thread():
         for sig, handler in saved["signals"].items():
             if handler is not None and signal.getsignal(sig) is not handler:

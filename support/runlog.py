@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import asdict
 
+import torch
 from tqdm import tqdm
 
 from support.accounting import exact_training_flops_per_token, param_counts, train_flops_per_token
@@ -21,8 +22,8 @@ SLOW_RUN_SECONDS = 24 * 3600     # a run estimated longer than this on a CPU or 
 
 
 def trim_replayed_rows(log_path, step):
-    """Drop the rows of log.jsonl that a resume from `step` replays: train rows of steps >= step and
-    evaluations after it (written after the checkpoint the run resumes from). Rewritten atomically."""
+    """Drop the rows of log.jsonl that a resume from `step` replays: train rows of steps >= step and evaluations
+    after it (written after the checkpoint the run resumes from). Rewritten atomically; returns how many."""
     if not os.path.isfile(log_path):
         return 0
     with open(log_path) as f:
@@ -38,46 +39,45 @@ class RunLog:
     """The run's voice: prints (tqdm.write, so the bars stay intact) and log.jsonl rows, rank 0 only."""
 
     def __init__(self, cfg, model_cfg, s, trainer, device, ptdtype, world_size, data, start_step, master):
-        raw_model = trainer.raw_model
         self.cfg, self.model_cfg, self.master, self.world_size = cfg, model_cfg, master, world_size
         self.device, self.start_step, self.t2mlr = device, start_step, model_cfg.t2mlr
         self.log_path = os.path.join(cfg.out_dir, "log.jsonl")
-        exact = model_cfg.t2mlr and cfg.train_mode == "exact"
         self.random_depth = model_cfg.layout != "" and (cfg.loops_sampler != "fixed" or cfg.loops_backprop)
-        self.flops_at = lambda n: train_flops_per_token(raw_model, n_loops=n, loops_backprop=cfg.loops_backprop)
-        # random depth: at the mean draw after the cap (support.loop.mean_loops)
-        self.flops_per_token = exact_training_flops_per_token(model_cfg) if exact else \
-            self.flops_at(mean_loops(cfg.loops_sampler, model_cfg.n_loops, model_cfg.max_loops, cfg.seed)
-                          if model_cfg.layout else None)
-        self.draws = []
-        self.peak = peak_flops(device, cfg.peak_flops)
+        self.flops_at = lambda n: train_flops_per_token(trainer.raw_model, n_loops=n, loops_backprop=cfg.loops_backprop)
+        # exact T²MLR training as D = 1; random depth at the mean draw after the cap (support.loop.mean_loops)
+        depth = mean_loops(cfg.loops_sampler, model_cfg.n_loops, model_cfg.max_loops, cfg.seed) if model_cfg.layout \
+            else None
+        exact = self.t2mlr and cfg.train_mode == "exact"
+        self.flops_per_token = exact_training_flops_per_token(model_cfg) if exact else self.flops_at(depth)
+        self.draws, self.peak, self.grad_accum = [], peak_flops(device, cfg.peak_flops), s.grad_accum
         self.t_start, self.eval_seconds, self.n_evals, self.warned = time.time(), 0.0, 0, False
-        show = master and cfg.progress and sys.stderr.isatty()
-        self.show_bars = show
-        self.bar = tqdm(total=cfg.max_iters, initial=start_step, unit="step", disable=not show)
-        if not master:
-            return
-        counts, T = param_counts(raw_model), model_cfg.block_size
+        self.show_bars = master and cfg.progress and sys.stderr.isatty()
+        self.bar = tqdm(total=cfg.max_iters, initial=start_step, unit="step", disable=not self.show_bars)
+        if master:
+            self.header(s, trainer, ptdtype, data)
+
+    def header(self, s, trainer, ptdtype, data):
+        """The run's plan, printed; log.jsonl's header row (a resume appends, after dropping the rows it replays)."""
+        cfg, model_cfg, counts, resumed = self.cfg, self.model_cfg, param_counts(trainer.raw_model), s.ckpt is not None
         print(f"config (given): {s.given_values}")
-        print(f"device {device}, dtype {str(ptdtype).removeprefix('torch.')}, compile {trainer.compiled}, "
-              f"world size {world_size}")
+        print(f"device {self.device}, dtype {str(ptdtype).removeprefix('torch.')}, compile {trainer.compiled}, "
+              f"world size {self.world_size}")
         if trainer.compiled:
             print("compile: torch.compile traces the model during the first step (about a minute; longer for "
                   "T²MLR's Jacobi sweeps); the step times after it are the real ones")
         print(f"params: total {counts['total']:,}, non-embedding {counts['non_embedding']:,}, unrolled depth "
               f"{model_cfg.n_unrolled} layers, {self.flops_per_token:.3g} train FLOPs/token")
-        print(f"batch: {cfg.total_batch_size:,} tokens/step = {cfg.batch_size} seqs x {T} tokens x {world_size}"
-              f" ranks x {s.grad_accum} accumulation steps; data {data.dir} ({data.meta['train_tokens']:,} "
-              f"train tokens)")
-        print(f"MFU against {self.peak:.3g} FLOP/s per device" if self.peak else
-              f"MFU: no peak FLOP/s known for {device} (the log shows TFLOP/s; --peak_flops=<FLOP/s> sets one)")
-        resumed = s.ckpt is not None
+        print(f"batch: {cfg.total_batch_size:,} tokens/step = {cfg.batch_size} seqs x {model_cfg.block_size} tokens "
+              f"x {self.world_size} ranks x {s.grad_accum} accumulation steps; data {data.dir} "
+              f"({data.meta['train_tokens']:,} train tokens)")
+        print(f"MFU against {self.peak:.3g} FLOP/s per device" if self.peak else f"MFU: no peak FLOP/s known for "
+              f"{self.device} (the log shows TFLOP/s; --peak_flops=<FLOP/s> sets one)")
         if resumed:
-            print(f"resumed from {s.ckpt_path} at step {start_step}: {cfg.max_iters - start_step} steps to go")
-        if resumed and (dropped := trim_replayed_rows(self.log_path, start_step)):
-            print(f"log.jsonl: dropped {dropped} rows after step {start_step}, which this resume replays")
-        with open(self.log_path, "a" if resumed else "w") as f:   # a resumed run appends, never truncates
-            f.write(json.dumps({"step": start_step, "init_from": cfg.init_from, "world_size": world_size,
+            print(f"resumed from {s.ckpt_path} at step {self.start_step}: {cfg.max_iters - self.start_step} steps to go")
+        if resumed and (dropped := trim_replayed_rows(self.log_path, self.start_step)):
+            print(f"log.jsonl: dropped {dropped} rows after step {self.start_step}, which this resume replays")
+        with open(self.log_path, "a" if resumed else "w") as f:
+            f.write(json.dumps({"step": self.start_step, "init_from": cfg.init_from, "world_size": self.world_size,
                                 "model_config": asdict(model_cfg), "train_config": asdict(cfg)}) + "\n")
 
     def write(self, row, text):
@@ -88,8 +88,7 @@ class RunLog:
 
     def check_estimate(self, seconds, what):
         """A run estimated (from `what`, a timing in words) at more than a day on a CPU or MPS stops here with
-        one line naming the tiny configs, unless --force; with it, it says so once and goes on. GPU runs are
-        never stopped by the estimate."""
+        one line naming the tiny configs, unless --force (then it says so once). GPU runs never stop here."""
         if self.device.startswith("cuda") or seconds <= SLOW_RUN_SECONDS or self.warned:
             return
         self.warned = True
@@ -101,24 +100,23 @@ class RunLog:
         if self.master:
             tqdm.write(f"warning: the run would take {days}; running anyway (--force)")
 
-    def first_step(self, micro_seconds, grad_accum):
-        """After the first micro-step of this launch: its time, the step's estimate and the run's ETA, before
-        a long silent first step (mesh_160m accumulates 1,024 micro-steps on one CPU)."""
-        step_s = micro_seconds * grad_accum
-        eta = step_s * (self.cfg.max_iters - self.start_step)
+    def micro_step(self, step, micro, seconds):
+        """After micro-step `micro` of `step`, `seconds` into the step: after this launch's first, its time, the
+        step's estimate and the run's ETA, before a long silent first step (mesh_160m on one CPU)."""
+        if step != self.start_step or micro != 0:
+            return
+        step_s, steps = seconds * self.grad_accum, self.cfg.max_iters - self.start_step
         if self.master:
-            when = f"{eta / 60:.1f} min" if eta < 3600 else f"{eta / 3600:.1f} h"
-            tqdm.write(f"first micro-step {micro_seconds:.2f} s (compile included, if on): about {step_s:.1f} s a "
-                       f"step of {grad_accum} micro-steps, ETA {when} for "
-                       f"{self.cfg.max_iters - self.start_step} steps")
-        self.check_estimate(eta, f"{step_s:.1f} s a step")
+            eta = f"{step_s * steps / 60:.1f} min" if step_s * steps < 3600 else f"{step_s * steps / 3600:.1f} h"
+            tqdm.write(f"first micro-step {seconds:.2f} s (compile included, if on): about {step_s:.1f} s a step of "
+                       f"{self.grad_accum} micro-steps, ETA {eta} for {steps} steps")
+        self.check_estimate(step_s * steps, f"{step_s:.1f} s a step")
 
     def val_batches(self, data, pass_counter):
-        """This rank's fixed val windows in batches (a progress bar while they run). The first evaluation times
-        its first batch and warns when the whole run would take days at that speed."""
+        """This rank's fixed val windows in batches, under a progress bar. The first evaluation times its first
+        batch and stops a run that would take days at that speed (check_estimate)."""
         cfg, T, windows = self.cfg, self.model_cfg.block_size, data.val_windows
-        starts = range(0, len(windows), cfg.batch_size)
-        t0 = time.time()
+        starts, t0 = range(0, len(windows), cfg.batch_size), time.time()
         if self.master and self.n_evals == 0:
             tqdm.write(f"evaluating: {len(starts)} batches of fixed val windows")
         for i in tqdm(starts, desc="evaluating", leave=False, disable=not self.show_bars):
@@ -126,8 +124,7 @@ class RunLog:
                 per_token = (time.time() - t0) / (cfg.batch_size * T)
                 train_tokens = cfg.total_batch_size * (cfg.max_iters - self.start_step) / self.world_size
                 evals = len(windows) * T * (cfg.max_iters // cfg.eval_interval + 1)
-                self.check_estimate(per_token * (3 * train_tokens + evals), f"{per_token * 1e3:.2f} ms a "
-                                    f"token forward")
+                self.check_estimate(per_token * (3 * train_tokens + evals), f"{per_token * 1e3:.2f} ms a token forward")
             if pass_counter is not None:              # from 0 in each forward, as in training
                 pass_counter.n = 0
             yield get_batch(data.val_path, data.dtype, windows[i:i + cfg.batch_size], T, self.device)
@@ -135,15 +132,13 @@ class RunLog:
         self.n_evals += 1
 
     def evaluation(self, step, val_loss, best_val, val_mode, by_rank=None):
+        """An evaluation's line and row; by_rank: under DDP, every rank's (all-reduced, so equal)."""
         row = {"step": step, "val_loss": val_loss, "val_mode": val_mode, "best_val_loss": best_val}
-        if val_mode == "converged":
-            row["val_tol"] = self.cfg.val_tol
-        if by_rank is not None:                       # under DDP: every rank's, all-reduced, so equal
-            row["val_loss_by_rank"] = by_rank
-        label = (f"val loss ({val_mode}" + (f", tol {self.cfg.val_tol:g})" if val_mode == "converged" else ")")
-                 if self.t2mlr else "val loss")
-        self.best_label = label
-        self.write(row, f"step {step}: {label} {val_loss:.4f} (best {best_val:.4f})")
+        row |= {"val_tol": self.cfg.val_tol} if val_mode == "converged" else {}
+        row |= {"val_loss_by_rank": by_rank} if by_rank is not None else {}
+        tol = f", tol {self.cfg.val_tol:g}" if val_mode == "converged" else ""
+        self.best_label = f"val loss ({val_mode}{tol})" if self.t2mlr else "val loss"
+        self.write(row, f"step {step}: {self.best_label} {val_loss:.4f} (best {best_val:.4f})")
 
     def train_step(self, step, train_loss, lr, grad_norm, t0, passes, n_loops=None):
         """The bar; at every log_interval (and the last step) a line and a row: loss, LR, grad norm, time,
@@ -155,7 +150,6 @@ class RunLog:
         if not (step % cfg.log_interval == 0 or step == cfg.max_iters - 1):
             return
         if self.device.startswith("cuda"):
-            import torch
             torch.cuda.synchronize()
         dt = time.time() - t0
         tok_s = cfg.total_batch_size / dt
@@ -166,7 +160,7 @@ class RunLog:
                "tok_s": tok_s, "flops": flops, "mfu": flops / self.peak if self.peak else None}
         if self.random_depth:
             row["loops"], self.draws = self.draws, []
-        if self.t2mlr:       # mean middle-layer passes per micro-step (D, +1 with the plain start; exact: T)
+        if self.t2mlr:       # mean middle-layer passes per micro-step (D, +1 with the ungated start; exact: T)
             row["jacobi_passes"] = sum(passes) / len(passes)
         # ETA: the mean step time times the steps left, plus the mean evaluation time times those left
         per_step = (time.time() - self.t_start - self.eval_seconds) / (step + 1 - self.start_step)

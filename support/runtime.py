@@ -30,12 +30,10 @@ PEAK_FLOPS = {
 
 
 def compile_model(model, **options):
-    """torch.compile what repeats. A flat or looped model: its whole forward, one graph (returned; `model`
-    is unchanged). T²MLR, in place: each layer's forward, the gate (T1) and the state update (T2), compiled
-    once each and called from the eager loop over Jacobi sweeps and exact tokens, so that neither D sweeps
-    nor T tokens unroll into one graph; returns `model`, whose hooks and state_dict keys stay as they were.
-    A KV cache that grows a token at a time compiles twice: at its first length, then once with the length
-    dynamic (torch's automatic dynamic shapes). options: torch.compile's (dynamic, backend, mode)."""
+    """torch.compile what repeats (options: torch.compile's). A flat or looped model: its whole forward, one
+    graph (returned). T²MLR, in place: each layer, the gate (T1) and the state update (T2), once each, called
+    from the eager loop over Jacobi sweeps and exact tokens, so neither D sweeps nor T tokens unroll into one
+    graph; returns `model`, whose hooks and state_dict keys stay as they were."""
     if model.gate is None:
         return torch.compile(model, **options)
     for layer in model.layers:
@@ -46,16 +44,15 @@ def compile_model(model, **options):
 
 
 def peak_flops(device, given=None):
-    """Peak FLOP/s of one device for MFU: `given` (--peak_flops) if set, else PEAK_FLOPS' entry for a known
-    GPU, else None."""
+    """Peak FLOP/s of one device for MFU: `given` (--peak_flops), else PEAK_FLOPS' entry for this GPU, else None."""
     if given or not device.startswith("cuda"):
         return given or None
     return next((v for k, v in PEAK_FLOPS.items() if k in torch.cuda.get_device_name(device)), None)
 
 
 def resolve_device(name, local_rank=None):
-    """'auto' -> the best available device; under DDP plain 'cuda' becomes this rank's GPU
-    'cuda:<local_rank>'. Raises RunError for a device this machine does not have (check_device)."""
+    """'auto' -> the best device here; under DDP plain 'cuda' -> 'cuda:<local_rank>'. Raises RunError for a
+    device this machine does not have (check_device)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if name == "cuda" and local_rank is not None:
@@ -65,35 +62,32 @@ def resolve_device(name, local_rank=None):
 
 
 def check_device(name):
-    """Raise RunError when the device `name` ('cpu', 'cuda', 'cuda:N', 'mps'; what resolve_device returns)
-    is malformed or not on this machine: no CUDA, no GPU N, no MPS. One line, naming what is valid."""
+    """Raise RunError, one line naming what is valid, when the device `name` is malformed or not here."""
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
         device = None
     if device is None or device.type not in ("cpu", "cuda", "mps"):
         raise RunError(f"device {name!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'")
-    if device.type == "cuda" and not torch.cuda.is_available():
+    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type == "cuda" and not n_cuda:
         raise RunError(f"device {name!r} asks for CUDA, which is not available here: choose device 'cpu' "
                        f"(or 'auto', the best one here)")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise RunError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
-                       f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    if device.type == "cuda" and (device.index or 0) >= n_cuda:
+        raise RunError(f"device {name!r}: this machine has {n_cuda} CUDA device(s), cuda:0 to cuda:{n_cuda - 1}")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise RunError(f"device {name!r} asks for Apple's MPS, which is not available here: choose device "
                        f"'cpu' (or 'auto', the best one here)")
 
 
 def resolve_dtype(name, device_type):
-    """The autocast dtype: 'auto' = bf16 on CUDA when supported, else fp32 (CPU/MPS: fp32 is the safe
-    default). fp16 needs a GradScaler and is CUDA-only; asking for it elsewhere raises ConfigError."""
+    """The autocast dtype: 'auto' = bf16 on CUDA when supported, else fp32. float16 (it trains with a
+    GradScaler) is CUDA-only: asked for elsewhere, ConfigError."""
     if name == "auto":
         return torch.bfloat16 if device_type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
     if name == "float16" and device_type != "cuda":
-        raise ConfigError(
-            "dtype 'float16' needs CUDA (it trains with a GradScaler); use bfloat16 or float32 on "
-            f"{device_type}"
-        )
+        raise ConfigError(f"dtype 'float16' needs CUDA (it trains with a GradScaler); use bfloat16 or float32 "
+                          f"on {device_type}")
     return getattr(torch, name)
 
 
@@ -103,10 +97,9 @@ def autocast_context(device_type, dtype):
 
 
 class StopRequest:
-    """SIGINT (Ctrl-C) and SIGTERM (what a cluster scheduler, or torchrun passing one on, sends) ask the
-    run to stop: the handler only sets a flag, so a step, an evaluation or a checkpoint being written is
-    never cut in half (a second Ctrl-C while saving is noted, not obeyed). The loop asks agreed() once a
-    step; under DDP one all-reduce makes every rank stop at the same step."""
+    """SIGINT (Ctrl-C) and SIGTERM (a scheduler, or torchrun passing one on) ask the run to stop: the handler
+    only sets a flag, so no step, evaluation or checkpoint is cut in half; the loop asks agreed() once a step,
+    and under DDP one all-reduce stops every rank at the same step."""
 
     def __init__(self, master=True):
         self.flag, self.master, self.pid = False, master, os.getpid()
@@ -119,8 +112,7 @@ class StopRequest:
             return os.kill(os.getpid(), signum)
         if self.master:
             again = " (again: the checkpoint is being made whole, wait)" if self.flag else ""
-            print(f"\n{signal.Signals(signum).name}{again}: stopping after this step and saving it",
-                  flush=True)
+            print(f"\n{signal.Signals(signum).name}{again}: stopping after this step and saving it", flush=True)
         self.flag = True
 
     def agreed(self, ddp, device) -> bool:
@@ -133,8 +125,7 @@ class StopRequest:
 
 
 def resume_command(argv, ddp, world_size):
-    """The command that continues a stopped train.py run: its arguments `argv` with --init_from=resume,
-    under torchrun with world_size processes when it ran under DDP."""
+    """The command that continues a stopped train.py run: argv with --init_from=resume, under torchrun if DDP."""
     args = [a for a in argv if not a.startswith("--init_from=")] + ["--init_from=resume"]
     launcher = f"torchrun --standalone --nproc_per_node={world_size} train.py" if ddp else "python train.py"
     return " ".join([launcher] + args)

@@ -50,7 +50,7 @@ CASES = {
     "malformed layout": (
         "train.py",
         ["--layout=2+4X2+2"],
-        r"layout = '2\+4X2\+2' must be '' \(flat\) or 'P\+CRK\+Q'.*e\.g\. '2\+4R2\+2'",
+        r"layout = '2\+4X2\+2' must be '' \(flat\) or 'P\+NRK\+Q'.*e\.g\. '2\+4R2\+2'",
     ),
     "layout without loops": ("train.py", ["--layout=1+1R0+1"], r"layout = '1\+1R0\+1' must be .* K >= 1 times"),
     "l_start > l_end": (

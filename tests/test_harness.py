@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 pytestmark = pytest.mark.slow      # the second tier: needs requirements-eval.txt
 REQUIRED = os.environ.get("NANOMESH_REQUIRE_LM_EVAL") == "1"   # CI: the skips below are failures there
-# (tests/test_robust_requirements.py checks that the libraries are installed where it is set)
+# (tests/test_requirements.py checks that the libraries are installed where it is set)
 pytest.importorskip("lm_eval", reason="the harness tests need lm_eval: pip install -r requirements-eval.txt")
 import lm_eval                                          # noqa: E402
 from lm_eval.api.instance import Instance               # noqa: E402
@@ -142,10 +142,10 @@ def test_the_equality_above_catches_pads_that_reach_the_state():
         model(torch.tensor([long]), cache=cache)
         cache.layers, cache.length = [{} for _ in cache.layers], 0              # keys reset, cache.R kept
         carried = model(torch.tensor([short]), cache=cache)[0][0]
-    reference = F.log_softmax(alone, dim=-1)
-    assert (F.log_softmax(left, dim=-1) - reference).abs().max() > 1e-3
-    assert (F.log_softmax(carried, dim=-1) - reference).abs().max() > 1e-3
-    assert (right - reference).abs().max() < 1e-12
+    expected = F.log_softmax(alone, dim=-1)
+    assert (F.log_softmax(left, dim=-1) - expected).abs().max() > 1e-3
+    assert (F.log_softmax(carried, dim=-1) - expected).abs().max() > 1e-3
+    assert (right - expected).abs().max() < 1e-12
 
 
 @pytest.mark.parametrize("name", ["t2mlr_llama", "recursive_mesh"])

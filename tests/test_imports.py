@@ -109,7 +109,7 @@ def test_support_imports_no_script_even_inside_a_function():
 
 
 def test_nothing_outside_studies_imports_a_study():
-    """The reference stands apart from the lab: the scripts, support/ and tests/ never import studies/."""
+    """The top level stands apart from the lab: the scripts, support/ and tests/ never import studies/."""
     files = sorted(ROOT.glob("*.py")) + sorted((ROOT / "support").glob("*.py")) + sorted((ROOT / "tests").glob("*.py"))
     wrong = [str(p.relative_to(ROOT)) for p in files if "studies" in every_import(p)]
     assert wrong == []

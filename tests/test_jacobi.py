@@ -1,6 +1,6 @@
 """
-T²MLR's Jacobi options, each against what it claims to equal (float64, CPU); all but jacobi_init "plain"
-(the reference's own start) are ours:
+T²MLR's Jacobi options, each against what it claims to equal (float64, CPU); all but jacobi_init "ungated"
+(the T²MLR code's own start) are ours:
 
 - jacobi_tol: 0 is bit-identical to fixed D; a stop at tolerance tol is within the error bound that the
   tolerance and the measured contraction imply; the gradient still flows through the final sweep and
@@ -9,7 +9,7 @@ T²MLR's Jacobi options, each against what it claims to equal (float64, CPU); al
   bit for bit to Jacobi at D = T; the cache it fills continues decoding exactly.
 - jacobi_checkpoint: the same values and gradients, fewer bytes held for backward.
 - jacobi_lag: D follows the length (D = T - lag): the exactness front there, gradient in the last b sweeps.
-- jacobi_init "plain" (the reference's warm start): the exactness front is at D for both starts.
+- jacobi_init "ungated" (the T²MLR code's warm start): the exactness front is at D for both starts.
 
     python -m pytest -q tests/test_jacobi.py
 """
@@ -67,39 +67,44 @@ def lower_output(model, idx):
     return model.run_layers(model.wte(idx) * model.cfg.n_embd ** 0.5, model.lower, 0)
 
 
+def x_part_of(model, x):
+    """A's x columns and b on x, as GPT.jacobi_forward computes them once for its sweeps (its speed-up)."""
+    return torch.nn.functional.linear(x, model.gate.A.weight[:, :x.shape[-1]], model.gate.A.bias)
+
+
 def middle_step(model, x, R_prev, control=None, x_part=None):
     """One sweep's step at every position of x: the gate (T1), the middle layers, the update (T2) -> (h, R);
     control (B, T, 1) the control flow c_t."""
-    h = model.run_layers(model.temporal_gate(x, R_prev, x_part, control), model.middle, 0)
+    h = model.run_layers(model.temporal_gate(x, R_prev, control, x_part), model.middle, 0)
     return h, model.state_update(h, R_prev, control)
 
 
-def logits_from_state(model, x, state, x_part=None, control=None):
+def logits_from_state(model, x, state, control=None, x_part=None):
     """The final sweep from a given state R^(D-1): middle_step, the upper layers and the head."""
-    h, _ = middle_step(model, x, state, control, x_part)
+    h, _ = middle_step(model, x, state, control, x_part_of(model, x) if x_part is None else x_part)
     return model.lm_head(model.ln_f(model.run_layers(h, model.upper, 0)))
 
 
 def fixed_d_logits(model, idx, control=None):
     """Jacobi with a fixed D written out as the loop it was before jacobi_tol existed: D-1 sweeps from
-    R = 0, the last b with gradient, then the final pass (the slow obvious reference for tol = 0)."""
+    R = 0, the last b with gradient, then the final pass (the slow obvious definition for tol = 0)."""
     cfg = model.cfg
     grad = torch.is_grad_enabled()
     x = lower_output(model, idx)
-    x_part, c = model.gate_x_columns(x), None if control is None else control.unsqueeze(-1)
+    x_part, c = x_part_of(model, x), None if control is None else control.unsqueeze(-1)
     state = torch.zeros_like(x)
     for d in range(cfg.jacobi_sweeps - 1):
         with torch.set_grad_enabled(grad and cfg.jacobi_sweeps - 1 - d <= cfg.jacobi_grad_sweeps):
             state = shift(middle_step(model, x, state, c, x_part)[1])
-    return logits_from_state(model, x, state, x_part, c)
+    return logits_from_state(model, x, state, c, x_part)
 
 
 def sweep_changes(model, idx, sweeps):
     """`sweeps` Jacobi sweeps by hand: (x, states R^(0..sweeps), changes max|R^(k) - R^(k-1)| / RMS(R^(k)))"""
     x = lower_output(model, idx)
-    x_part, states, changes = model.gate_x_columns(x), [torch.zeros_like(x)], []   # R^(0)
+    states, changes = [torch.zeros_like(x)], []   # R^(0)
     for _ in range(sweeps):
-        states.append(shift(middle_step(model, x, states[-1], x_part=x_part)[1]))
+        states.append(shift(middle_step(model, x, states[-1], x_part=x_part_of(model, x))[1]))
         changes.append(((states[-1] - states[-2]).abs().max() / states[-1].pow(2).mean().sqrt()).item())
     return x, states, changes
 
@@ -139,7 +144,7 @@ def test_tol_stop_is_within_the_bound_it_implies(tol):
         logits = model(idx, mode="jacobi")[0]
         # k sweeps + the final pass, which started from R^(k)
         assert model.passes.n == k + 1 < T
-        assert torch.equal(logits, logits_from_state(model, x, states[k], model.gate_x_columns(x)))
+        assert torch.equal(logits, logits_from_state(model, x, states[k]))
     # Δ_{k+1}, Δ_{k+2}, ...
     deltas = [(b - a).abs().max().item() for a, b in zip(states[k:], states[k + 1:])]
     # float64 rounding of O(1) states: ratios below it are noise
@@ -211,7 +216,7 @@ def test_jacobi_tol_is_range_checked():
         GPTConfig(**TINY_LLAMA, jacobi_tol=-0.1)
     with pytest.raises(ValueError, match=r"^jacobi_lag = -1 must be >= 0"):
         GPTConfig(**TINY_LLAMA, jacobi_lag=-1)
-    with pytest.raises(ValueError, match=r"^jacobi_init = 'warm' must be one of 'zero', 'plain'"):
+    with pytest.raises(ValueError, match=r"^jacobi_init = 'warm' must be one of 'zero', 'ungated'"):
         GPTConfig(**TINY_LLAMA, jacobi_init="warm")
 
 
@@ -284,7 +289,7 @@ def test_converged_prefill_refuses_a_filled_cache():
 
 
 # -----------------------------------------------------------------------------
-# Sweep checkpointing and the plain (reference) start
+# Sweep checkpointing and the ungated start
 
 def test_checkpointed_sweeps_equal_plain_sweeps_and_hold_fewer_bytes():
     idx, targets = tokens(T=24), tokens(T=24, seed=2)
@@ -303,7 +308,7 @@ def test_checkpointed_sweeps_equal_plain_sweeps_and_hold_fewer_bytes():
     assert held[True] < 0.8 * held[False], held
 
 
-@pytest.mark.parametrize("init", ["zero", "plain"])
+@pytest.mark.parametrize("init", ["zero", "ungated"])
 def test_exactness_front_is_at_d_for_both_starts(init):
     T = 24
     model = build(jacobi_init=init)
@@ -314,45 +319,45 @@ def test_exactness_front_is_at_d_for_both_starts(init):
             model.cfg.jacobi_sweeps = D
             diff = (model(idx, mode="jacobi")[0] - exact).abs().amax(dim=(0, 2))
             assert diff[:D].max() <= 1e-12 and diff[D] > 1e-6, (init, D)
-            assert model.passes.n == D + (init == "plain")
+            assert model.passes.n == D + (init == "ungated")
 
 
-def test_plain_start_is_the_shifted_unmixed_middle_pass():
-    """R^(0) = shift(h^(0)), h^(0) the middle layers on x without mixing (the reference's plain pass): with
+def test_ungated_start_is_the_shifted_ungated_middle_pass():
+    """R^(0) = shift(h^(0)), h^(0) the middle layers on x without the gate (the T²MLR code's start): with
     D = 1 the final sweep starts from it."""
-    model = build(jacobi_init="plain", jacobi_sweeps=1, jacobi_grad_sweeps=0)
+    model = build(jacobi_init="ungated", jacobi_sweeps=1, jacobi_grad_sweeps=0)
     idx = tokens()
     with torch.no_grad():
         x = lower_output(model, idx)
         start = shift(model.run_layers(x, model.middle, 0))                            # R^(0)
-        want = logits_from_state(model, x, start, model.gate_x_columns(x))
-        zero = logits_from_state(model, x, torch.zeros_like(x), model.gate_x_columns(x))
+        want = logits_from_state(model, x, start)
+        zero = logits_from_state(model, x, torch.zeros_like(x))
         assert torch.equal(model(idx, mode="jacobi")[0], want) and model.passes.n == 2
     assert (want - zero)[:, 1:].abs().max() > 1e-6                                  # the start matters
 
 
 def test_flop_count_follows_the_options():
-    """layer_passes: the plain start adds a middle forward, checkpointing b recomputed forwards."""
+    """layer_passes: the ungated start adds a middle forward, checkpointing b recomputed forwards."""
     def middle(**kw):
         with torch.device("meta"):
             model = GPT(GPTConfig(**(TINY_LLAMA | dict(jacobi_sweeps=16, jacobi_grad_sweeps=4) | kw)))
         return layer_passes(model)[2]                              # layer 2: inside l_start..l_end = 1..3
     assert middle() == (16, 5)
-    assert middle(jacobi_init="plain") == (17, 5)
+    assert middle(jacobi_init="ungated") == (17, 5)
     assert middle(jacobi_checkpoint=True) == (20, 5)
     assert middle(jacobi_tol=0.1) == (16, 5)                          # an early stop only lowers it
-    assert middle(jacobi_sweeps=3, jacobi_grad_sweeps=3, jacobi_init="plain") == (4, 4)
+    assert middle(jacobi_sweeps=3, jacobi_grad_sweeps=3, jacobi_init="ungated") == (4, 4)
 
 
 @pytest.mark.parametrize("option, extra_passes", [("jacobi_init", 1), ("jacobi_checkpoint", 4)])
 def test_the_options_add_middle_layer_flops_only(option, extra_passes):
-    """The plain start's extra middle pass and checkpointing's recomputed forwards (b = 4 of them) run the
+    """The ungated start's extra middle pass and checkpointing's recomputed forwards (b = 4 of them) run the
     middle layers but not the gate: train_flops_per_token grows by exactly that many middle forwards of
-    layer FLOPs (b < D: no backward through the plain start)."""
+    layer FLOPs (b < D: no backward through the ungated start)."""
     with torch.device("meta"):
         zero = GPT(GPTConfig(**(TINY_LLAMA | dict(jacobi_sweeps=16, jacobi_grad_sweeps=4))))
         other = GPT(GPTConfig(**(TINY_LLAMA | dict(jacobi_sweeps=16, jacobi_grad_sweeps=4,
-                                                   **{option: "plain" if option == "jacobi_init" else True}))))
+                                                   **{option: "ungated" if option == "jacobi_init" else True}))))
     T, C = TINY_LLAMA["block_size"], TINY_LLAMA["n_embd"]
     layer_fwd = 2 * sum(p.numel() for p in zero.layers[0].parameters()) + 4 * C * T
     n_mid = len(zero.middle)

@@ -156,7 +156,7 @@ def test_the_tie_survives_load_model_resume_and_retrofit(tmp_path):
 # -----------------------------------------------------------------------------
 # sample.py at the edges
 
-def greedy_reference(model, ids, n):
+def greedy_by_full_recompute(model, ids, n):
     """Each step: the model without cache on the last block_size tokens, argmax."""
     idx = torch.tensor([ids])
     for _ in range(n):
@@ -168,7 +168,7 @@ def greedy_reference(model, ids, n):
 @pytest.mark.parametrize("block_size", [1, 2, 3, 4])
 def test_sample_greedy_at_tiny_block_sizes(tmp_path, capsys, block_size):
     """sample.py --temperature=0 prints the greedy continuation computed by full recompute over the last
-    block_size tokens (block_size 1 used to crash: "sequence of 2 tokens exceeds block_size = 1")."""
+    block_size tokens, block_size 1 included."""
     model = built(**dict(LLAMA, block_size=block_size, vocab_size=257))
     write_checkpoint(tmp_path / "ckpt.pt", model)
     capsys.readouterr()
@@ -176,7 +176,7 @@ def test_sample_greedy_at_tiny_block_sizes(tmp_path, capsys, block_size):
                  "--max_new_tokens=10", "--start=ab"])
     printed = capsys.readouterr().out.split("\n" + "-" * 80)[0]
     prompt = list(b"ab")[-block_size:]
-    expected = bytes(greedy_reference(model, prompt, 10)).decode("utf-8", errors="replace")
+    expected = bytes(greedy_by_full_recompute(model, prompt, 10)).decode("utf-8", errors="replace")
     assert printed == expected
 
 

@@ -29,7 +29,7 @@ TINY = dict(vocab_size=64, block_size=32, n_embd=32, n_head=4)
 def test_malformed_layout_quotes_the_string(layout):
     with pytest.raises(ValueError) as e:
         GPTConfig(**TINY, layout=layout)
-    assert f"layout = {layout!r} must be" in str(e.value) and "'P+CRK+Q'" in str(e.value)
+    assert f"layout = {layout!r} must be" in str(e.value) and "'P+NRK+Q'" in str(e.value)
 
 
 def test_layout_parses_and_sets_depths():
@@ -125,7 +125,7 @@ def test_flop_accounting_counts_unrolled_depth_and_sweeps():
     layer = train_flops_per_token(plain) - train_flops_per_token(GPT(GPTConfig(**TINY, n_layer=3)))
     C = 32
     per_pass = C * C + 2 * C * C          # W_p and A's r~ columns: every pass
-    once = 2 * C * C + 2 * C              # A's x columns and the biases: once a forward (gate_x_columns)
+    once = 2 * C * C + 2 * C              # A's x columns and the biases: once a forward (x_part)
     expected = (train_flops_per_token(plain) + 2 * (5 - 1 + 2 * (3 - 1)) * layer / 3
                 + 2 * (5 + 2 * 3) * per_pass + 6 * once)
     assert train_flops_per_token(t2mlr) == pytest.approx(expected)
@@ -262,7 +262,7 @@ def test_no_training_key_passes_for_a_misspelled_model_key():
 
 
 def test_t2mlr_gate_initialisation():
-    """The T²MLR reference code's init: θ = 0 (identity), A_r/A_x xavier-normal gain 1 = std sqrt(2/(3C)),
+    """The T²MLR code's gate init: θ = 0 (identity), A_r/A_x xavier-normal gain 1 = std sqrt(2/(3C)),
     biases U(±1/sqrt(2C)), W_p the Linear default U(±1/sqrt(C)); 5C² + 2C + 2 parameters."""
     torch.manual_seed(0)
     C = 256
@@ -325,31 +325,31 @@ def test_rotary_is_a_relative_position_encoding(monkeypatch):
         assert torch.equal(q[13, r:], q0[r:]) and not torch.allclose(q[13, :r], q0[:r])
 
 
-def test_reference_initialisation_has_the_reference_statistics():
-    """weight_init "reference" (the T²MLR reference's Hugging Face Llama models): every Linear and Embedding
+def test_normal_initialisation_has_the_t2mlr_codes_statistics():
+    """weight_init "normal_0.02" (the T²MLR code's Hugging Face Llama models): every Linear and Embedding
     weight N(0, 0.02²), the output projections included (no depth scaling), biases 0, norms 1; the gate keeps
     its own initialisation (identity at θ = 0); with embed_scale=False the embeddings enter unscaled."""
     torch.manual_seed(0)
     cfg = dict(vocab_size=512, block_size=16, n_embd=256, n_head=4, n_layer=4, flavour="llama", mlp_hidden=1024,
                t2mlr=True, l_start=1, l_end=2, embed_scale=False)
-    ref, ours = GPT(GPTConfig(**cfg, weight_init="reference")), GPT(GPTConfig(**cfg))
-    for name, p in ref.named_parameters():
+    normal, ours = GPT(GPTConfig(**cfg, weight_init="normal_0.02")), GPT(GPTConfig(**cfg))
+    for name, p in normal.named_parameters():
         if name.startswith("gate."):
             continue
         if p.dim() == 2:
             assert abs(p.std().item() / 0.02 - 1) < 0.03 and abs(p.mean().item()) < 2e-3, name
         else:
             assert torch.equal(p, torch.ones_like(p)), name          # the RMSNorm weights
-    assert abs(ref.layers[0].mlp.down.weight.std().item() / 0.02 - 1) < 0.03        # not depth-scaled
+    assert abs(normal.layers[0].mlp.down.weight.std().item() / 0.02 - 1) < 0.03     # not depth-scaled
     ours_std = math.sqrt(2 / (5 * 256)) / math.sqrt(2 * 4)                       # ours: depth-scaled, 0.014
     assert abs(ours.layers[0].mlp.down.weight.std().item() / ours_std - 1) < 0.03
-    assert torch.equal(ref.gate.theta_r, torch.zeros(1)) and ref.gate.A.weight.std() > 0.04
+    assert torch.equal(normal.gate.theta_r, torch.zeros(1)) and normal.gate.A.weight.std() > 0.04
     idx = torch.randint(0, 512, (2, 8))
     seen = []
-    ref.layers[0].register_forward_pre_hook(lambda m, args: seen.append(args[0]))
-    ref(idx)
-    assert torch.equal(seen[0], ref.wte(idx))                                     # unscaled embeddings
-    with pytest.raises(ValueError, match=r"^weight_init = 'hf' must be one of 'mesh', 'reference'"):
+    normal.layers[0].register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    normal(idx)
+    assert torch.equal(seen[0], normal.wte(idx))                                  # unscaled embeddings
+    with pytest.raises(ValueError, match=r"^weight_init = 'hf' must be one of 'mesh', 'normal_0.02'"):
         GPTConfig(weight_init="hf")
 
 
@@ -390,7 +390,7 @@ def test_rope_pct_zero_is_nope(flavour):
 # Generation at the edges: tiny windows, extreme sampling settings
 
 def greedy_by_full_recompute(model, idx, n, recurrent_prompt=False):
-    """The slow obvious reference: each step runs the model without cache on the last block_size tokens
+    """The slow obvious definition: each step runs the model without cache on the last block_size tokens
     (T²MLR in eval: the exact recurrence, from R = 0 at the window's first token; the prompt's control
     flow c = 1, or 2 with recurrent_prompt, and c = 2 for generated tokens) and takes the argmax."""
     control = torch.full_like(idx, 2 if recurrent_prompt else 1)
@@ -526,7 +526,7 @@ def test_float64_model_has_float64_rotary_tables_and_loss():
 
 @pytest.mark.slow
 def test_generate_marks_the_prompt_non_recurrent_by_default():
-    """T²MLR generation: prompt c = 1, generated tokens c = 2 (the reference's control flow); the default and
+    """T²MLR generation: prompt c = 1, generated tokens c = 2 (the T²MLR code's control flow); the default and
     recurrent_prompt=True really differ, and each matches the exact forward with its control flow."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY, **GENERATE_VARIANTS["t2mlr"])).double().eval()

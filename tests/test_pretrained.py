@@ -68,14 +68,14 @@ def hf_model(case, seed=0, n_layer=4, vocab=VOCAB):
 
 @pytest.fixture(scope="module", params=list(CASES))
 def saved(request, tmp_path_factory):
-    """(case, folder, reference model): the random model of the case saved with save_pretrained."""
+    """(case, folder, transformers model): the random model of the case saved with save_pretrained."""
     folder = tmp_path_factory.mktemp(request.param)
     ref = hf_model(request.param)
     ref.save_pretrained(folder)
     return request.param, str(folder), ref
 
 
-def float64_reference(ref):
+def float64_transformers(ref):
     """A float64 copy of the transformers model. transformers computes the RoPE tables (both families) and
     LLaMA's RMSNorm in float32 whatever the model's dtype, which caps any float64 comparison at ~1e-7; here
     those two spots are recomputed in float64 (the same formulas), so the comparison tests the architecture
@@ -123,7 +123,7 @@ def test_logits_equal_transformers_float32(saved):
 def test_logits_equal_transformers_float64(saved):
     case, folder, ref = saved
     ours = GPT.from_pretrained(folder).to(torch.float64).eval()
-    ref64 = float64_reference(hf_model(case))                     # a fresh copy: `saved`'s stays float32
+    ref64 = float64_transformers(hf_model(case))                     # a fresh copy: `saved`'s stays float32
     x = ids(2)
     with torch.no_grad():
         want, got = ref64(x).logits, ours(x)[0]
@@ -150,7 +150,7 @@ def test_t2mlr_retrofit_equals_the_released_model_at_step_0(saved, mode):
     case, folder, ref = saved
     ours = GPT.from_pretrained(folder, t2mlr=True, l_start=1, l_end=2, jacobi_sweeps=3, jacobi_grad_sweeps=1)
     ours = ours.to(torch.float64).train(mode == "jacobi")
-    ref64 = float64_reference(hf_model(case))
+    ref64 = float64_transformers(hf_model(case))
     x = ids(4, batch=2, length=20)
     with torch.no_grad():
         want, got = ref64(x).logits, ours(x, mode=mode)[0]

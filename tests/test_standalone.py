@@ -156,7 +156,7 @@ def test_model_py_copied_alone_runs_every_variant(tmp_path):
 
     errors = out["errors"]
     assert errors["rope_pct"] == "rope_pct = 1.5 must be in [0, 1] or None"
-    assert errors["layout"].startswith("layout = '2+4X2+2' must be '' (flat) or 'P+CRK+Q'")
+    assert errors["layout"].startswith("layout = '2+4X2+2' must be '' (flat) or 'P+NRK+Q'")
     assert errors["l_end"].startswith("l_start = 0 must be <= l_end = 2, both in -2 .. 1")
     assert errors["nan"] == "rope_theta = nan must be finite and > 0"
     assert errors["mode"] == "mode = 'fast' must be one of 'jacobi', 'exact', 'converged'"

@@ -7,12 +7,12 @@ Reproduce both papers' findings at laptop scale, with paired seeds and 95% confi
     python -m studies.reproduce --max_minutes 60   # run for at most an hour, then assemble what is done
     python -m studies.reproduce --quick      # every path end to end at toy size, in under 2 minutes (CI)
     python -m studies.reproduce plot out/tiny_base out/tiny_mesh --out curves.png   # any train.py runs
-    python -m studies.reproduce starts out/reproduce/t2mlr_t2mlr_s*/ckpt.pt   # Jacobi gap, zero/plain starts
+    python -m studies.reproduce starts out/reproduce/t2mlr_t2mlr_s*/ckpt.pt   # Jacobi gap, zero/ungated starts
     python -m studies.reproduce tolerance --fixed DIR ... --tol DIR ...       # fixed D against jacobi_tol
 
 Everything is trained by train.py (`train.main(argv)`, in this process) and probed with studies/probe.py;
 this package only lays out the grid, pairs the seeds, collects the numbers and draws them. Results go to
-studies/results/ (reproduce/<run>.json per finished run, reproduce.json, reproduce.md), figures to studies/results/figures/.
+studies/results/ (reproduce/<run>.json per finished run, reproduce.json, reproduce.md), figures to studies/results/reproduce/.
 
 The parts, each readable on its own, in the order a run passes through them:
 

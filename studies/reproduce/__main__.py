@@ -51,7 +51,7 @@ def study_args(argv):
         help="folder for reproduce/<run>.json, reproduce.json and reproduce.md;"
         " default studies/results (quick: OUT_DIR/results)",
     )
-    p.add_argument("--assets", default=None, help="figures; default studies/results/figures (quick: OUT_DIR/assets)")
+    p.add_argument("--assets", default=None, help="figures; default studies/results/reproduce (quick: OUT_DIR/assets)")
     p.add_argument("--device", default="cpu", help="training device (evaluation and probes run on the CPU)")
     p.add_argument(
         "--only", default=None, help="run only the runs whose name matches this regular expression"
@@ -95,7 +95,7 @@ def study_main(argv):
     args, pr = study_args(argv)
     out_root = args.out_dir or ("out/reproduce_quick" if args.quick else "out/reproduce")
     results = args.results or (os.path.join(out_root, "results") if args.quick else "studies/results")
-    assets = args.assets or (os.path.join(out_root, "assets") if args.quick else "studies/results/figures")
+    assets = args.assets or (os.path.join(out_root, "assets") if args.quick else "studies/results/reproduce")
     prefix = "reproduce_quick" if args.quick else "reproduce"
     runs = make_grid(pr)
     meta = load_meta(args.data_dir, pr.block_size, "byte")

@@ -1,5 +1,5 @@
 """
-The study's figures (under studies/results/figures/: curves per study, the forest plot of paired Δs, the MeSH §4
+The study's figures (under studies/results/reproduce/: curves per study, the forest plot of paired Δs, the MeSH §4
 diagnostics), drawn from the run summaries and tables, and the `plot` subcommand: val-loss curves against
 steps and training FLOPs of any train.py runs. matplotlib is imported only when a figure is drawn.
 """

@@ -1,7 +1,7 @@
 """
 Two Jacobi side studies of trained T²MLR models, each a subcommand:
 
-    python -m studies.reproduce starts CKPT ...      # Jacobi - exact val loss from the zero and plain starts
+    python -m studies.reproduce starts CKPT ...      # Jacobi - exact val loss from the zero and ungated starts
     python -m studies.reproduce tolerance --fixed DIR ... --tol DIR ...   # fixed D against jacobi_tol
 
 They write studies/results/jacobi_starts.json and studies/results/jacobi_tol.json (the latter's runs:
@@ -23,8 +23,8 @@ from .summary import val_loss
 
 def starts_main(argv):
     """`python -m studies.reproduce starts CKPT ...`: the Jacobi-minus-exact val loss of trained T²MLR
-    checkpoints at D = 1, 2, 4, 8, 16 from both starts, jacobi_init "zero" (ours) and "plain" (the
-    reference's warm start), on the same val windows. Prints a table and writes the numbers to --out
+    checkpoints at D = 1, 2, 4, 8, 16 from both starts, jacobi_init "zero" (ours) and "ungated" (the
+    T²MLR code's warm start), on the same val windows. Prints a table and writes the numbers to --out
     (JSON)."""
     p = argparse.ArgumentParser(prog="python -m studies.reproduce starts",
                                 description=starts_main.__doc__.split("\n\n")[0])
@@ -47,16 +47,16 @@ def starts_main(argv):
             "exact": loss("exact"),
             "depths": [1, 2, 4, 8, 16],
             "zero": [],
-            "plain": [],
+            "ungated": [],
         }
         for D in row["depths"]:
             model.cfg.jacobi_sweeps = D
-            for init in ("zero", "plain"):
+            for init in ("zero", "ungated"):
                 model.cfg.jacobi_init = init
                 row[init].append(loss("jacobi") - row["exact"])
         rows.append(row)
-        print(f"{path}: exact {row['exact']:.5f} nats/byte; Jacobi - exact, zero / plain start: " + ", ".join(
-            f"D {d}: {z:+.6f} / {q:+.6f}" for d, z, q in zip(row["depths"], row["zero"], row["plain"])))
+        print(f"{path}: exact {row['exact']:.5f} nats/byte; Jacobi - exact, zero / ungated start: " + ", ".join(
+            f"D {d}: {z:+.6f} / {q:+.6f}" for d, z, q in zip(row["depths"], row["zero"], row["ungated"])))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     write_json(args.out, {"windows": args.windows, "data_dir": args.data_dir, "runs": rows})
     print(f"wrote {args.out}")

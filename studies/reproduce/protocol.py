@@ -25,7 +25,7 @@ split's 20 EOT tokens count as bytes)
 
   Pairing: seed s gives every arm the same data order (train.py seeds its sampler with TrainConfig.seed) and
   the same initial weights wherever names and shapes agree: each run starts from init.pt, which holds the
-  seed's reference model (vanilla for MeSH, plain for T²MLR, exactly as train.py would initialise it) in
+  seed's shared model (vanilla for MeSH, plain for T²MLR, exactly as train.py would initialise it) in
   every tensor of the same name and shape, and the arm's own seeded draws elsewhere (routers, gate). All
   tensors share one distribution (model.GPT.init_weights, identical unrolled depth), so no arm is favoured.
 
@@ -142,7 +142,7 @@ class Run:
     model: dict
     train: dict
     router_init: Optional[str] = None
-    reference: dict = field(default_factory=dict)   # the model config whose seeded init the run shares
+    shared: dict = field(default_factory=dict)      # the model config whose seeded init the run shares
 
     @property
     def steps(self):
@@ -281,14 +281,14 @@ def set_router_bias(model, kind, p=ROUTER_P):
 
 
 def initial_model(run):
-    """The run's initial model: the seed's reference model (built as train.py builds it:
+    """The run's initial model: the seed's shared model (built as train.py builds it:
     torch.manual_seed(seed), then GPT(config)) in every tensor whose name and shape agree, the run's own
     seeded draws elsewhere, and the router bias of mesh_as_base."""
     torch.manual_seed(run.seed)
     model = GPT(GPTConfig(**run.model))
-    if run.reference and run.reference != run.model:
+    if run.shared and run.shared != run.model:
         torch.manual_seed(run.seed)
-        ref = GPT(GPTConfig(**run.reference)).state_dict()
+        ref = GPT(GPTConfig(**run.shared)).state_dict()
         own = model.state_dict()
         model.load_state_dict(
             {k: ref[k] if k in ref and ref[k].shape == v.shape else v for k, v in own.items()}

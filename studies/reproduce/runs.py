@@ -10,7 +10,7 @@ through support.compat.upgrade_config). A run with a checkpoint in out/reproduce
 (train.py --init_from=resume, bit for bit). A run with neither starts from scratch. So a later session on a
 fresh clone, without out/, re-runs only the runs that had not finished. At the end (and after
 --max_minutes) studies/results/reproduce.json, studies/results/reproduce.md (the tables) and the figures
-under studies/results/figures/ are assembled from the JSONs (tables.py, figures.py).
+under studies/results/reproduce/ are assembled from the JSONs (tables.py, figures.py).
 """
 
 import contextlib

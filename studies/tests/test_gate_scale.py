@@ -31,7 +31,7 @@ def direct_ratio(model, idx, control=None):
         return (rs.pow(2).mean().sqrt() / xs.pow(2).mean().sqrt()).item()
 
 
-@pytest.mark.parametrize("init", [{}, {"weight_init": "reference", "embed_scale": False}])
+@pytest.mark.parametrize("init", [{}, {"weight_init": "normal_0.02", "embed_scale": False}])
 def test_gate_scale_reports_the_direct_ratio(init):
     from studies.gate_scale import gate_ratio
     model = tiny_t2mlr(**init).double()
@@ -42,12 +42,14 @@ def test_gate_scale_reports_the_direct_ratio(init):
     control = torch.ones(3, 12, dtype=torch.long)
     control[0, 4:], control[1, 7:], control[2, 2:] = 2, 2, 2      # a prompt of 4, 7, 2 tokens, then recurrent
     assert gate_ratio(model, idx, control)[0] == pytest.approx(direct_ratio(model, idx, control), rel=1e-9)
-def test_the_reference_initialisation_starts_the_recurrent_branch_far_larger():
-    """At C = 128 (the tiny configs' width): ours about 0.9, the reference's above 5 (RMS(x) ~ 0.02·√(1+...))."""
+
+
+def test_the_t2mlr_codes_initialisation_starts_the_recurrent_branch_far_larger():
+    """At C = 128 (the tiny configs' width): ours about 0.9, the T²MLR code's above 5 (RMS(x) ~ 0.02·√(1+...))."""
     from studies.gate_scale import gate_ratio
     keys = dict(vocab_size=188, n_layer=4, n_embd=128, n_head=4, mlp_hidden=512, block_size=64, l_start=1,
                 l_end=2)
     idx = torch.randint(0, 188, (2, 64), generator=torch.Generator().manual_seed(5))
     ours = gate_ratio(tiny_t2mlr(**keys), idx)[0]
-    reference = gate_ratio(tiny_t2mlr(**keys, weight_init="reference", embed_scale=False), idx)[0]
-    assert 0.6 < ours < 1.3 and reference > 5
+    normal = gate_ratio(tiny_t2mlr(**keys, weight_init="normal_0.02", embed_scale=False), idx)[0]
+    assert 0.6 < ours < 1.3 and normal > 5

@@ -24,6 +24,23 @@ def test_spec_sets_the_mode_D_b_and_lengths():
     assert jt.spec("jacobi_lag1_b15", 32, 0)["model"]["config"]["jacobi_grad_sweeps"] == 15
 
 
+def test_every_committed_run_is_its_plan_entry_under_todays_names():
+    """A run stored before a rename (jacobi_init 'plain', now 'ungated') is still the run its plan entry
+    makes, so --worker counts it as finished instead of refusing it."""
+    found = 0
+    for arm, n, seed in jt.PLAN:
+        spec = jt.spec(arm, n, seed)
+        path = wp.run_json({"runs": jt.OUT}, spec)
+        if os.path.exists(path):
+            stored = wp.read_json(path)["spec"]
+            assert wp.upgrade_spec(stored) == spec, path
+            found += 1
+    assert found == len(jt.PLAN)
+    stored = wp.read_json(wp.run_json({"runs": jt.OUT}, jt.spec("jacobi_D16_b4_plain", 32, 0)))["spec"]
+    assert stored["model"]["config"]["jacobi_init"] == "plain" != jt.spec("jacobi_D16_b4_plain", 32, 0)[
+        "model"]["config"]["jacobi_init"]
+
+
 def test_a_toy_run_records_its_setting_and_reports(tmp_path):
     size = dict(wp.QUICK, steps=4, eval_interval=2)
     out, ckpt = str(tmp_path / "runs"), str(tmp_path / "ckpt")

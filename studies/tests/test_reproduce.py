@@ -155,7 +155,7 @@ def run_named(pr, name):
     return next(r for r in protocol.make_grid(pr) if r.name == name)
 
 
-def test_arms_share_the_seeds_reference_weights_wherever_shapes_agree():
+def test_arms_share_the_seeds_initial_weights_wherever_shapes_agree():
     pr = tiny()
     vanilla = protocol.initial_model(run_named(pr, "mesh_vanilla_s1")).state_dict()
     for name in ("mesh_K2_base_s1", "mesh_K2_mesh_s1", "mesh_K4_anchor_s1", "mesh_K2_mesh_as_base_s1"):
@@ -244,7 +244,7 @@ def pydoc(tmp_path_factory):
     return str(out / "pydoc")
 
 
-def test_reference_init_is_what_train_py_builds(pydoc, tmp_path):
+def test_the_shared_init_is_what_train_py_builds(pydoc, tmp_path):
     run = run_named(tiny(), "mesh_vanilla_s2")
     argv = runs.launch_argv(run, str(tmp_path / "scratch"), pydoc, "cpu", "scratch") + ["--max_iters=0"]
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
@@ -391,7 +391,7 @@ def test_quick_mode_end_to_end_slow(pydoc, tmp_path):
     gap = report["runs"]["t2mlr_t2mlr_s1"]["jacobi_gap"]
     assert rows[0]["exact"] == pytest.approx(gap["exact"], abs=1e-5)
     assert rows[0]["zero"] == pytest.approx([j - gap["exact"] for j in gap["jacobi"]], abs=2e-5)
-    assert len(rows[0]["plain"]) == 5 and rows[0]["plain"] != rows[0]["zero"]
+    assert len(rows[0]["ungated"]) == 5 and rows[0]["ungated"] != rows[0]["zero"]
     assert json.loads((tmp_path / "starts.json").read_text())["runs"][0]["depths"] == [1, 2, 4, 8, 16]
 
 

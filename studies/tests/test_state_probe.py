@@ -1,6 +1,7 @@
 """
 studies/state_probe.py: each ablation of the state T²MLR tokens read (carry off, reset every k, reset at p)
-against a direct loop written here, and the command line on a tiny checkpoint (float64 where exact).
+against a direct loop written here, and the command line on a tiny checkpoint (float64 where exact); bad input
+(no sequences, a zero length, a bare checkpoint) is a RunError naming it.
 """
 
 import json
@@ -12,7 +13,9 @@ import torch
 
 from model import GPT, GPTConfig
 from studies import state_probe
+from support.runtime import RunError
 from test_equivalence import gate_direct, update_direct
+from test_sample import write_run
 
 CFG = dict(vocab_size=64, block_size=24, n_embd=32, n_head=4, flavour="llama", n_kv_head=2, mlp_hidden=48,
            n_layer=4, t2mlr=True, l_start=1, l_end=2)
@@ -101,3 +104,18 @@ def test_command_line_on_a_tiny_checkpoint(tmp_path):
                 "train_config": {"data_dir": str(data)}, "tokenizer": "byte"}, tmp_path / "v.pt")
     with pytest.raises(state_probe.RunError, match="is not a T²MLR model"):
         state_probe.main([str(tmp_path / "v.pt")])
+
+
+def test_state_probe_refuses_no_sequences_and_a_zero_length(tmp_path):
+    path = str(write_run(tmp_path / "t2mlr", flavour="llama", mlp_hidden=48, t2mlr=True, l_start=0, l_end=0)
+               / "ckpt.pt")
+    with pytest.raises(RunError, match=r"^--num_seqs 0 must be >= 1 \(validation windows to probe\)$"):
+        state_probe.main([path, "--num_seqs", "0"])
+    with pytest.raises(RunError, match=r"^--num_seqs -3 must be >= 1"):
+        state_probe.main([path, "--num_seqs=-3"])
+    with pytest.raises(RunError, match=r"^--seq_len 0 must be in \[2, block_size = 16\]$"):
+        state_probe.main([path, "--seq_len", "0"])
+    write_run(tmp_path / "bare", drop=("train_config",), flavour="llama", mlp_hidden=48, t2mlr=True, l_start=0,
+              l_end=0)
+    with pytest.raises(RunError, match=r"bare/ckpt.pt lacks train_config: it is not a complete checkpoint"):
+        state_probe.main([str(tmp_path / "bare" / "ckpt.pt")])

@@ -1,10 +1,10 @@
 """
-sample.py and studies.state_probe on input that used to end in a traceback (CPU, ~20 s): a binary prompt file,
-a checkpoint without the keys sampling reads, a device this machine does not have, --num_seqs 0 and
---seq_len 0. Each is one line `error: ...` and exit status 1 (run as a user runs them), or a RunError naming
-the value in process.
+sample.py on bad input and on a file of prompts (CPU, ~20 s): a binary prompt file, a checkpoint without the
+keys sampling reads, a device this machine does not have, a bad file of prompts: each is one line
+`error: ...` and exit status 1, run as a user runs it; a file of prompts gives one continuation each, equal to
+the prompt alone.
 
-    python -m pytest -q tests/test_robust_sample.py
+    python -m pytest -q tests/test_sample.py
 """
 
 import dataclasses

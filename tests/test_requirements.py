@@ -3,7 +3,7 @@ The requirements files name every library the code imports (a second or less): `
 requirements.txt && python -m pytest -q` needs nothing else, and the evaluation code (support/harness.py,
 studies/table1.py and their tests) nothing beyond requirements-eval.txt and what it installs.
 
-    python -m pytest -q tests/test_robust_requirements.py
+    python -m pytest -q tests/test_requirements.py
 """
 
 import ast
@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 EVALUATION = {"support/harness.py", "studies/table1.py", "tests/test_harness.py", "tests/test_pretrained.py",
-              "studies/tests/test_robust_evaluation.py", "studies/tests/test_table1.py"}
+              "studies/tests/test_evaluation.py", "studies/tests/test_table1.py"}
 
 
 def imported_modules(path):

@@ -5,7 +5,7 @@ definition's body is followed to where its module defines or imports it; a class
 an object of unknown type, such as model.forward, is not followed beyond the class). Blank lines count,
 as a reader sees them.
 
-    python tests/reading_lines.py train.py sample.py
+    python tools/reading_lines.py train.py sample.py
 """
 
 import ast

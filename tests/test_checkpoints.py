@@ -5,7 +5,7 @@ size limit in a subprocess stands in for a full disk), load_resumable falls back
 lock_out_dir keeps a second process out (and is free again after kill -9 of the holder), and every file that
 is not a whole checkpoint, an incomplete checkpoint, an unusable device or an unwritable out_dir is one line.
 
-    python -m pytest -q tests/test_robust_checkpoints.py
+    python -m pytest -q tests/test_checkpoints.py
 """
 
 import os

@@ -3,7 +3,7 @@ Tests of s5_retrieval.py: the S5 state rule against an independent composition o
 example of the generator's format, the tokenizer, the layout of control flow and padding, the metrics, the
 LSTM's parameter matching, and a one-minute training run that lowers the loss.
 
-Run: python -m pytest -q studies/tests/test_s5.py
+Run: python -m pytest -q studies/tests/test_s5_retrieval.py
 """
 
 import dataclasses
@@ -71,7 +71,7 @@ def test_worked_example_token_for_token():
     assert TOKENIZER.split("".join(inputs)) == inputs
 
 
-def test_tokenizer_has_the_reference_layout_and_round_trips():
+def test_tokenizer_has_the_t2mlr_codes_layout_and_round_trips():
     vocab = TOKENIZER.vocab
     assert len(vocab) == 188
     assert vocab[:4] == ["<pad>", "<unk>", "<bos>", "<eos>"]
