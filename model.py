@@ -385,10 +385,11 @@ class GPT(nn.Module):
         inside the rms) a stop-gradient constant; h (B, T, C) the middle output, R_prev (B, T or 1,
         C) the state read -> R (B, T, C). R = h without recurrent_residual and where c_t = 1; a pad
         (c_t = 0) keeps R_prev."""
-        R = h
+        R = h                                                     # option: R_t = h_t
         if self.cfg.recurrent_residual:
-            u = h + (R_prev.detach() if self.cfg.recurrent_detach else R_prev)
-            R = u * u.detach().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
+            summed = h + (R_prev.detach() if self.cfg.recurrent_detach else R_prev)  # h_t + R_{t-1}
+            s = summed.detach().pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt().clamp(0.2, 5.0)
+            R = s * summed                                        # R_t = s_t · (h_t + R_{t-1})
         if control is not None:         # c_t = 1 (not recurrent): R = h; c_t = 0 (a pad): R_prev
             R = torch.where(control > 1, R, torch.where(control > 0, h, R_prev))
         return R
@@ -429,7 +430,7 @@ class GPT(nn.Module):
                 if cfg.jacobi_checkpoint and grad and keep_grad and not final:   # option: memory
                     h = torch.utils.checkpoint.checkpoint(      # recomputed in backward, more time
                         self.run_layers, x_mixed, self.middle, pos, use_reentrant=False)
-                else:                   # (option: the final sweep fills the middle layers' caches)
+                else:                   # h = middle(x'); the final sweep fills their caches, if any
                     h = self.run_layers(x_mixed, self.middle, pos,
                                         caches[l_start:l_end + 1] if final else None)
                 R = self.state_update(h, R_prev, c)                                          # (T2)
