@@ -192,9 +192,11 @@ class GPT(nn.Module):
     def init_weights(self):
         """MeSH §4.1 (Huginn's base std where the paper gives none): weights N(0, 2/(5C)), biases 0,
         attention-out and MLP-down std / sqrt(2 · unrolled depth); the routers too (never zero:
-        ours); the gate its own. weight_init "normal_0.02": the T²MLR code's N(0, 0.02²)."""
-        flat = self.cfg.weight_init == "normal_0.02"
-        std = 0.02 if flat else math.sqrt(2 / (5 * self.cfg.n_embd))
+        ours). weight_init "normal_0.02": the T²MLR code's N(0, 0.02²). Then (T1)'s gate, as the
+        T²MLR code: W_p as nn.Linear; A xavier-normal, std gain·sqrt(2/(3C)), x columns first;
+        b_r = b_x = logit(gate_bias_prob) (None: U(±1/sqrt(2C))); θ = 0 (the gate off)."""
+        C, flat = self.cfg.n_embd, self.cfg.weight_init == "normal_0.02"
+        std = 0.02 if flat else math.sqrt(2 / (5 * C))
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):       # norms keep their 1 and 0
                 nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -203,8 +205,19 @@ class GPT(nn.Module):
         if not flat:      # depth-aware output projections (MeSH §4.1)
             for proj in (p for layer in self.layers for p in (layer.attn.proj, layer.mlp.down)):
                 nn.init.normal_(proj.weight, std=std / math.sqrt(2 * self.cfg.n_unrolled))
-        if self.gate is not None:
-            self.init_gate()
+        if self.gate is not None:       # T²MLR's gate (T1): its own, as the T²MLR code's
+            gate = self.gate
+            gate.W_p.reset_parameters()
+            std = self.cfg.gate_weight_gain * math.sqrt(2 / (3 * C))
+            on_x, on_r = (torch.empty(2 * C, C).normal_(std=std) for _ in range(2))
+            gate.A.weight.copy_(torch.cat([on_x, on_r], dim=1))
+            if self.cfg.gate_bias_prob is None:
+                nn.init.uniform_(gate.A.bias, -1 / math.sqrt(2 * C), 1 / math.sqrt(2 * C))
+            else:
+                p = min(max(self.cfg.gate_bias_prob, 1e-4), 1 - 1e-4)
+                nn.init.constant_(gate.A.bias, math.log(p / (1 - p)))
+            gate.theta_r.zero_()
+            gate.theta_x.zero_()
 
     # ---- forward: idx -> logits, one branch per variant ------------------------------------------
 
@@ -346,23 +359,6 @@ class GPT(nn.Module):
         return buffer, h_next.to(y.dtype)
 
     # ---- time: T²MLR (arXiv 2607.15178; README (T1)-(T3)) ----------------------------------------
-
-    @torch.no_grad()
-    def init_gate(self):
-        """The T²MLR code's: W_p as nn.Linear; A xavier-normal, std gain·sqrt(2/(3C)), x columns
-        first; b_r = b_x = logit(gate_bias_prob) (None: U(±1/sqrt(2C))); θ = 0."""
-        gate, C = self.gate, self.cfg.n_embd
-        gate.W_p.reset_parameters()
-        std = self.cfg.gate_weight_gain * math.sqrt(2 / (3 * C))
-        on_x, on_r = (torch.empty(2 * C, C).normal_(std=std) for _ in range(2))
-        gate.A.weight.copy_(torch.cat([on_x, on_r], dim=1))
-        if self.cfg.gate_bias_prob is None:
-            nn.init.uniform_(gate.A.bias, -1 / math.sqrt(2 * C), 1 / math.sqrt(2 * C))
-        else:
-            p = min(max(self.cfg.gate_bias_prob, 1e-4), 1 - 1e-4)
-            nn.init.constant_(gate.A.bias, math.log(p / (1 - p)))
-        gate.theta_r.zero_()
-        gate.theta_x.zero_()
 
     def temporal_gate(self, x, r, control=None, x_part=None):
         """(T1), the T²MLR code's "gated" mixer: x' from x (B, T, C), the input of l_start, and r =
@@ -541,16 +537,12 @@ class GPT(nn.Module):
 # -----------------------------------------------------------------------------
 # Validation: every setting's valid values in one table (GPTConfig, forward, generate)
 
-def one_of(*values):
-    return (lambda v, c: v in values), "one of " + ", ".join(map(repr, values))
-
-
-# Every setting's valid values: names -> (test(value, config), what is valid: text or text(config))
+# names -> the valid values (a tuple), or (test(value, config), what is valid: text or text(config))
 CHECKS = {name: rule for names, rule in {
-    "flavour": one_of("neox", "llama"), "weight_init": one_of("mesh", "normal_0.02"),
-    "state_passing": one_of("base", "residual", "anchor", "anchor_star", "mesh"),
-    "mesh_trans_router_in": one_of("pre", "emb"), "jacobi_init": one_of("zero", "ungated"),
-    "prefill": one_of("exact", "converged"),
+    "flavour": ("neox", "llama"), "weight_init": ("mesh", "normal_0.02"),
+    "state_passing": ("base", "residual", "anchor", "anchor_star", "mesh"),
+    "mesh_trans_router_in": ("pre", "emb"), "jacobi_init": ("zero", "ungated"),
+    "prefill": ("exact", "converged"),
     "vocab_size block_size n_layer n_embd jacobi_sweeps": ((lambda v, c: v >= 1), ">= 1"),
     "jacobi_lag": ((lambda v, c: v >= 0), ">= 0 (0: D = jacobi_sweeps)"),
     "n_head": (lambda v, c: v >= 1 and c.n_embd % v == 0, "a divisor of n_embd"),
@@ -584,7 +576,9 @@ def check(cfg=None, **values):
     """Refuse a value outside CHECKS (nan fails every test): ValueError "<name> = <value> must be
     <what is valid>". cfg: the config the tests read, if any."""
     for name, value in values.items():
-        test, text = CHECKS[name]
+        rule = CHECKS[name]                       # a tuple of the valid values, or (test, text)
+        test, text = rule if callable(rule[0]) else \
+            ((lambda v, c: v in rule), "one of " + ", ".join(map(repr, rule)))
         if not test(value, cfg):
             raise ValueError(f"{name} = {value!r} must be {text(cfg) if callable(text) else text}")
 

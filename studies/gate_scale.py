@@ -8,7 +8,7 @@ initialisations:
     normal_0.02 weight_init="normal_0.02", embed_scale=False: the T²MLR code's Hugging Face Llama models,
                 every weight N(0, 0.02²), embeddings unscaled
 
-The gate's own initialisation (GPT.init_gate: W_p the Linear default) is the same in both.
+The gate's own initialisation (GPT.init_weights: W_p the Linear default) is the same in both.
 The ratio is read from outside the model, by wrapping the gate, GPT.temporal_gate (its args: x, r = R_{t-1}), during the exact recurrence (eval mode), pooled over the positions that read a state: t >= 1 and,
 with a control flow, the recurrent tokens (c >= 2). At θ_r = θ_x = 0 the gate is an identity, so R_{t-1} is
 the state of the model at init whatever the branch's size.
