@@ -49,22 +49,15 @@ class Layer(nn.Module):
             "up": nn.Linear(C, (2 if self.swiglu else 1) * hidden, bias=cfg.bias),
             "down": nn.Linear(hidden, C, bias=cfg.bias)})
 
-    def forward(self, x, cos, sin, cache=None, held=None, pos=0):
-        x_attn = x + self.attention(self.ln1(x), cos, sin, cache, held, pos)
-        up = self.mlp.up(self.ln2(x if self.parallel else x_attn))    # the MLP on the same x (neox)
-        if self.swiglu:              # SwiGLU (llama): down(silu(x W_g) * x W_u), up = [W_g W_u]
-            xg, xu = up.chunk(2, dim=-1)
-            return x_attn + self.mlp.down(F.silu(xg) * xu)
-        return x_attn + self.mlp.down(F.gelu(up))                        # GELU (neox)
-
-    def attention(self, x, cos, sin, cache: Optional[dict] = None, held=None, pos=0):
-        """Causal self-attention, grouped-query heads (n_kv_head <= n_head), rotary, SDPA: x (B, T,
-        C) at positions pos..pos+T-1 (pos an int, or (B, 1): a key at a position < 0 is a left pad,
-        unseen), cos/sin ((B,) T, 1, rot_dim) for them -> (B, T, C); cache: this layer
-        application's "k", "v" before ({} if none), extended. held: (done (B, 1, T, 1), the last
-        loop's cache): a position done looping serves its last loop's keys (an exit)."""
+    def forward(self, x, cos, sin, cache: Optional[dict] = None, held=None, pos=0):
+        """x (B, T, C) at positions pos..pos+T-1 (an int, or (B, 1): a key at a position < 0 is a
+        left pad, unseen) -> (B, T, C). Attention: causal, grouped-query heads (n_kv_head <=
+        n_head), rotary with cos/sin ((B,) T, 1, rot_dim) the tables of these positions
+        (GPT.run_layers), SDPA. cache: this layer application's KV cache, "k", "v" before ({} if
+        none), extended in place. held: (done (B, 1, T, 1), the last loop's cache): a position done
+        looping serves its last loop's keys and values (an exit)."""
         (B, T, C), nh, nkv = x.shape, self.n_head, self.n_kv_head
-        qkv = self.attn.qkv(x).view(B, T, nh + 2 * nkv, self.head_dim)
+        qkv = self.attn.qkv(self.ln1(x)).view(B, T, nh + 2 * nkv, self.head_dim)
         qk, v = qkv[:, :, :nh + nkv], qkv[:, :, nh + nkv:].transpose(1, 2)   # v (B, nkv, T, hs)
         # rotary (RoPE, NeoX/LLaMA "rotate half") on the first rot_dim dims of q and k: with
         # [x1, x2] the halves, x -> x cos + [-x2, x1] sin
@@ -90,11 +83,17 @@ class Layer(nn.Module):
             mask = (seen | (col == col[past:, None]))[:, None]                 # (B, 1, T, past+T)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True,
                                            is_causal=past == 0 and mask is None)
-        return self.attn.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        x_attn = x + self.attn.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        # the MLP, on the same x (neox: parallel residual) or on x_attn (llama: sequential)
+        up = self.mlp.up(self.ln2(x if self.parallel else x_attn))
+        if self.swiglu:              # SwiGLU (llama): down(silu(x W_g) * x W_u), up = [W_g W_u]
+            xg, xu = up.chunk(2, dim=-1)
+            return x_attn + self.mlp.down(F.silu(xg) * xu)
+        return x_attn + self.mlp.down(F.gelu(up))                        # GELU (neox)
 
 
 # -----------------------------------------------------------------------------
-# Configuration: the fields of every variant (their valid values: CHECKS, at the end)
+# Configuration: the fields of every variant (their valid values: check, at the end)
 
 @dataclass
 class GPTConfig:
@@ -146,7 +145,7 @@ class GPTConfig:
         # "P+NRK+Q" -> (n_prelude, n_core, K, n_coda): "2+4R2+2" -> (2, 4, 2, 2); None if malformed
         m = re.fullmatch(r"(\d+)\+(\d+)R(\d+)\+(\d+)", self.layout.replace(" ", ""))
         self.depth = m and tuple(map(int, m.groups())) if self.layout else (self.n_layer, 0, 0, 0)
-        check(self, **{name: getattr(self, name) for name in CHECKS if hasattr(self, name)})
+        check(self, **vars(self))
         self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
         P, n_core, K, Q = self.depth
         # K loops; the distinct (parameter) layers; the layer applications per token (compute depth)
@@ -185,7 +184,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        self.rotary_cache = {}         # (dtype, device) -> (cos, sin) of block_size positions
+        self.rotary_cache = {}         # (dtype, device) -> the rotary tables (cos, sin): run_layers
         self.init_weights()
 
     @torch.no_grad()
@@ -257,27 +256,26 @@ class GPT(nn.Module):
         flat = logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, 1)
         return logits, F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)   # any strides
 
-    def rotary(self, dtype, device, pos, T: int):
-        """The rotary tables (cos, sin), each (T, 1, rot_dim = head_dim·rope_pct, even), of the
-        positions pos..pos+T-1: float64 for a float64 stream, else float32; no buffers, no casts.
-        pos (B, 1) per row: (B, T, 1, rot_dim), a pad's (position < 0) at position 0."""
-        key = (torch.promote_types(dtype, torch.float32), device)
+    def run_layers(self, h, layers, pos: int, caches=None, held=None):
+        """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1 -> (B, T, C); caches:
+        one KV cache (a dict, see Layer.forward) or None per layer, or None; held: (done, the
+        previous loop's caches), positions that serve their last loop's keys (Layer.forward)."""
+        # rotary tables cos, sin (T, 1, rot_dim = head_dim·rope_pct, even) of positions pos..pos+T-1
+        # ((B, T, 1, rot_dim) for pos (B, 1), a pad's at position 0), sliced from angles of every
+        # position below block_size, made once per (dtype, device): float64 for a float64 stream,
+        # else float32; no buffers, so no casts
+        key = (torch.promote_types(h.dtype, torch.float32), h.device)
         if key not in self.rotary_cache:
             cfg, dtype = self.cfg, key[0]
             rot = int(cfg.n_embd // cfg.n_head * cfg.rope_pct) // 2 * 2
             inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rot, 2, dtype=dtype) / rot))
             angles = torch.outer(torch.arange(cfg.block_size, dtype=dtype), inv_freq)  # (T, rot/2)
             angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)                 # (T, 1, rot)
-            self.rotary_cache[key] = (angles.cos().to(device), angles.sin().to(device))
+            self.rotary_cache[key] = (angles.cos().to(h.device), angles.sin().to(h.device))
+        T = h.shape[1]
         at = slice(pos, pos + T) if isinstance(pos, int) else \
-            (pos + torch.arange(T, device=device)).clamp(min=0)          # a pad (position < 0) at 0
-        return tuple(table[at] for table in self.rotary_cache[key])
-
-    def run_layers(self, h, layers, pos: int, caches=None, held=None):
-        """Apply `layers` in order to h (B, T, C) at positions pos..pos+T-1 -> (B, T, C); caches:
-        one KV cache (a dict, see Layer.attention) or None per layer, or None; held: (done, the
-        previous loop's caches), positions that serve their last loop's keys (Layer.attention)."""
-        cos, sin = self.rotary(h.dtype, h.device, pos, h.shape[1])
+            (pos + torch.arange(T, device=h.device)).clamp(min=0)       # a pad (position < 0) at 0
+        cos, sin = (table[at] for table in self.rotary_cache[key])
         caches = [None] * len(layers) if caches is None else caches
         done, last = held or (None, caches)
         for layer, cache, previous in zip(layers, caches, last, strict=True):
@@ -447,7 +445,7 @@ class GPT(nn.Module):
         l_start, l_end = self.cfg.recurrent_layers
         caches = cache.layers if cache is not None else [None] * self.cfg.n_layer   # one per layer
         x = self.run_layers(h_emb, self.lower, pos, caches[:l_start])
-        middle_caches = caches[l_start:l_end + 1] if cache else [{} for _ in self.middle]
+        middle_caches = [{} for _ in self.middle] if cache is None else caches[l_start:l_end + 1]
         R = cache.R if cache is not None and cache.R is not None else x.new_zeros(B, 1, C)
         starts = list(range(T))                                     # token by token, t = 0..T-1
         if c is not None:    # speed-up: a span of equal c_t where no row recurs (a prompt) at once
@@ -537,50 +535,53 @@ class GPT(nn.Module):
 # -----------------------------------------------------------------------------
 # Validation: every setting's valid values in one table (GPTConfig, forward, generate)
 
-# names -> the valid values (a tuple), or (test(value, config), what is valid: text or text(config))
-CHECKS = {name: rule for names, rule in {
-    "flavour": ("neox", "llama"), "weight_init": ("mesh", "normal_0.02"),
-    "state_passing": ("base", "residual", "anchor", "anchor_star", "mesh"),
-    "mesh_trans_router_in": ("pre", "emb"), "jacobi_init": ("zero", "ungated"),
-    "prefill": ("exact", "converged"),
-    "vocab_size block_size n_layer n_embd jacobi_sweeps": ((lambda v, c: v >= 1), ">= 1"),
-    "jacobi_lag": ((lambda v, c: v >= 0), ">= 0 (0: D = jacobi_sweeps)"),
-    "n_head": (lambda v, c: v >= 1 and c.n_embd % v == 0, "a divisor of n_embd"),
-    "n_kv_head": (lambda v, c: v >= 1 and c.n_head % v == 0, "a divisor of n_head"),
-    "mlp_hidden": (lambda v, c: v >= 1 if v is not None else c.flavour == "neox",
-                   ">= 1 (None = 4 n_embd, neox only: llama needs its SwiGLU width)"),
-    "mesh_slots": (lambda v, c: v is None or v >= 2, ">= 2 or None"),
-    "rope_theta norm_eps gate_weight_gain": ((lambda v, c: 0 < v < math.inf), "finite and > 0"),
-    "rope_pct": (lambda v, c: 0 <= v <= 1, "in [0, 1] or None"),
-    "gate_bias_prob": (lambda v, c: v is None or 0 < v < 1, "in (0, 1) or None"),
-    "jacobi_tol prefill_tol": ((lambda v, c: 0 <= v < 1), "in [0, 1)"),
-    "jacobi_grad_sweeps": (lambda v, c: 0 <= v <= c.jacobi_sweeps,
-                           lambda c: f"in [0, jacobi_sweeps = {c.jacobi_sweeps}]"),
-    "layout": (lambda v, c: v == "" or c.depth is not None and min(c.depth[1:3]) >= 1,
-               "'' (flat) or 'P+NRK+Q': N >= 1 core layers looped K >= 1 times, e.g. '2+4R2+2'"),
-    "t2mlr": (lambda v, c: not (v and c.layout), "False with a layout: T²MLR needs a flat stack"),
-    "max_loops": (lambda v, c: v is None or bool(c.layout) and v >= c.depth[2],  # after layout
-                  lambda c: f">= the layout's K = {c.depth[2]}" if c.layout else "None: no loops"),
-    "n_loops loops_backprop": ((lambda v, c: v is None or v >= 1), ">= 1 or None"),
-    "exit_threshold": ((lambda v, c: v is None or v >= 0), ">= 0 (0: never exit) or None"),
-    "l_start": (lambda v, c: not c.t2mlr or 0 <= min(c.recurrent_layers)
-                and c.recurrent_layers[0] <= c.recurrent_layers[1] < c.n_layer,
-                lambda c: f"<= l_end = {c.l_end}, both in -{c.n_layer} .. {c.n_layer - 1}"),
-    "temperature": ((lambda v, c: v >= 0), ">= 0 (0 = greedy)"),
-    "top_k": (lambda v, c: v is None or v >= 1, ">= 1 (sample from the k most likely) or None"),
-    "stop_token": (lambda v, c: v is None or 0 <= v < c.vocab_size, "a token id or None"),
-}.items() for name in names.split()}
-
-
 def check(cfg=None, **values):
-    """Refuse a value outside CHECKS (nan fails every test): ValueError "<name> = <value> must be
-    <what is valid>". cfg: the config the tests read, if any."""
-    for name, value in values.items():
-        rule = CHECKS[name]                       # a tuple of the valid values, or (test, text)
-        test, text = rule if callable(rule[0]) else \
-            ((lambda v, c: v in rule), "one of " + ", ".join(map(repr, rule)))
-        if not test(value, cfg):
-            raise ValueError(f"{name} = {value!r} must be {text(cfg) if callable(text) else text}")
+    """Refuse a setting outside its valid values (nan fails every test): ValueError "<name> =
+    <value> must be <what is valid>". The settings of GPTConfig, forward and generate; a name
+    without a rule is free. cfg: the config the tests read, if any."""
+    # names -> the valid values (a tuple), or (test(value, config), what is valid: text(config))
+    rules = {name: rule for names, rule in {
+        "flavour": ("neox", "llama"), "weight_init": ("mesh", "normal_0.02"),
+        "state_passing": ("base", "residual", "anchor", "anchor_star", "mesh"),
+        "mesh_trans_router_in": ("pre", "emb"), "jacobi_init": ("zero", "ungated"),
+        "prefill": ("exact", "converged"),
+        "vocab_size block_size n_layer n_embd jacobi_sweeps": ((lambda v, c: v >= 1), ">= 1"),
+        "jacobi_lag": ((lambda v, c: v >= 0), ">= 0 (0: D = jacobi_sweeps)"),
+        "n_head": (lambda v, c: v >= 1 and c.n_embd % v == 0, "a divisor of n_embd"),
+        "n_kv_head": (lambda v, c: v >= 1 and c.n_head % v == 0, "a divisor of n_head"),
+        "mlp_hidden": (lambda v, c: v >= 1 if v is not None else c.flavour == "neox",
+                       ">= 1 (None = 4 n_embd, neox only: llama needs its SwiGLU width)"),
+        "mesh_slots": (lambda v, c: v is None or v >= 2, ">= 2 or None"),
+        "rope_theta norm_eps gate_weight_gain": ((lambda v, c: 0 < v < math.inf), "finite and > 0"),
+        "rope_pct": (lambda v, c: 0 <= v <= 1, "in [0, 1] or None"),
+        "gate_bias_prob": (lambda v, c: v is None or 0 < v < 1, "in (0, 1) or None"),
+        "jacobi_tol prefill_tol": ((lambda v, c: 0 <= v < 1), "in [0, 1)"),
+        "jacobi_grad_sweeps": (lambda v, c: 0 <= v <= c.jacobi_sweeps,
+                               lambda c: f"in [0, jacobi_sweeps = {c.jacobi_sweeps}]"),
+        "layout": (lambda v, c: v == "" or c.depth is not None and min(c.depth[1:3]) >= 1,
+                   "'' (flat) or 'P+NRK+Q': N >= 1 core layers looped K >= 1 times, "
+                   "e.g. '2+4R2+2'"),
+        "t2mlr": (lambda v, c: not (v and c.layout),
+                  "False with a layout: T²MLR needs a flat stack"),
+        "max_loops": (lambda v, c: v is None or bool(c.layout) and v >= c.depth[2],  # after layout
+                      lambda c: f">= the layout's K = {c.depth[2]}" if c.layout
+                      else "None: no loops"),
+        "n_loops loops_backprop": ((lambda v, c: v is None or v >= 1), ">= 1 or None"),
+        "exit_threshold": ((lambda v, c: v is None or v >= 0), ">= 0 (0: never exit) or None"),
+        "l_start": (lambda v, c: not c.t2mlr or 0 <= min(c.recurrent_layers)
+                    and c.recurrent_layers[0] <= c.recurrent_layers[1] < c.n_layer,
+                    lambda c: f"<= l_end = {c.l_end}, both in -{c.n_layer} .. {c.n_layer - 1}"),
+        "temperature": ((lambda v, c: v >= 0), ">= 0 (0 = greedy)"),
+        "top_k": (lambda v, c: v is None or v >= 1, ">= 1 (sample from the k most likely) or None"),
+        "stop_token": (lambda v, c: v is None or 0 <= v < c.vocab_size, "a token id or None"),
+    }.items() for name in names.split()}
+    for name, rule in rules.items():              # in this order: layout before max_loops
+        if name in values:
+            test, text = rule if callable(rule[0]) else \
+                ((lambda v, c: v in rule), "one of " + ", ".join(map(repr, rule)))
+            if not test(values[name], cfg):
+                raise ValueError(f"{name} = {values[name]!r} must be "
+                                 f"{text(cfg) if callable(text) else text}")
 
 
 if __name__ == "__main__":      # python model.py config/<name>.py: a summary of the architecture

@@ -119,23 +119,24 @@ def follow(path, build=False):
             run(model, idx, cache)
     finally:
         sys.setprofile(None)
-    return deepest[0] - 1, set(entered) - {entered[0]} | (set(built) if build else set())
+    return deepest[0] - 1, set(entered) - ({entered[0]} if not build else set()) | (set(built) if build else set())
 
 
 @pytest.mark.parametrize("path", list(PATHS))
-def test_every_path_nests_four_calls_below_forward(path):
-    """Calls below the first model.py function entered, down to attention: GPT.forward -> jacobi_forward
-    -> run_layers -> Layer -> attention is 4, vanilla's forward 3, vanilla's generate -> forward -> .. 4;
-    T²MLR's generate adds forward's one to exact_forward's 4."""
+def test_every_path_nests_three_calls_below_forward(path):
+    """Calls below the first model.py function entered, down to a layer: GPT.forward -> jacobi_forward ->
+    run_layers -> Layer is 3, vanilla's forward 2, vanilla's generate -> forward -> .. 3; T²MLR's generate
+    adds forward's one to exact_forward's 3."""
     nesting = follow(path)[0]
-    assert nesting == {"vanilla": 3, "cached T²MLR generation": 5}.get(path, 4), nesting
+    assert nesting == {"vanilla": 2, "cached T²MLR generation": 4}.get(path, 3), nesting
 
 
 def jumps(path, build=False) -> list:
     """The definitions a reader opens following `path` from its first function to the logits, by the rule
     nanoGPT takes 10 and 11 under: every definition outside the function being read, GPTConfig (its fields
-    and methods) and each class's __init__ included, each once a path. build: a cold reader's count, every
-    function that building the model enters too (GPTConfig.__post_init__, the checks, the inits) counted."""
+    and methods) and each class's __init__ included, each once a path. build: a cold reader's count, the
+    function read first and every function that building the model enters (GPTConfig.__post_init__, the
+    checks, the inits) counted too."""
     opened = {"GPTConfig" if name.startswith("GPTConfig.") and not build else name
               for name in follow(path, build)[1]}
     classes = {name.split(".")[0] for name in opened if "." in name} - {"GPT", "GPTConfig"}   # fields: "GPTConfig"
@@ -144,9 +145,10 @@ def jumps(path, build=False) -> list:
 
 JUMP_TARGETS = {"vanilla": 10, "base": 11, "mesh": 12, "jacobi": 12, "exact": 12, "cached generation": 12,
                 "cached T²MLR generation": 14}
-# the same paths counted as a cold reader counts: building the model too, GPTConfig's fields one definition
-BUILD_TARGETS = {"vanilla": 10, "base": 11, "mesh": 12, "jacobi": 13, "exact": 13, "cached generation": 12,
-                 "cached T²MLR generation": 15}
+# the same paths counted as a cold reader counts: the first function and building the model too, GPTConfig's
+# fields one definition; T²MLR's Jacobi and exact paths at most 12, as nanoGPT's vanilla path
+BUILD_TARGETS = {"vanilla": 9, "base": 10, "mesh": 11, "jacobi": 12, "exact": 12, "cached generation": 11,
+                 "cached T²MLR generation": 14}
 
 
 @pytest.mark.parametrize("path", list(JUMP_TARGETS))
@@ -221,6 +223,20 @@ def test_the_readme_states_the_lines_a_reader_reads_to_follow_each_script():
         assert f"{total:,} lines" in readme or f"{total:,} for {script}" in readme, (script, total)
 
 
+def test_reading_lines_counts_the_tables_a_function_reads():
+    """A module-level table that a followed function reads is read too: support/runtime.py's PEAK_FLOPS (read
+    by peak_flops, which train.py's log uses), every line of it, and not a table no followed code names."""
+    import ast
+    from tools.reading_lines import reading_lines
+    path = ROOT / "support" / "runtime.py"
+    table = next(node for node in ast.parse(path.read_text()).body if isinstance(node, ast.Assign)
+                 and getattr(node.targets[0], "id", None) == "PEAK_FLOPS")
+    read = reading_lines("train.py")[path]
+    assert set(range(table.lineno, table.end_lineno + 1)) <= read and table.end_lineno - table.lineno >= 3
+    sample_read = reading_lines("sample.py").get(path, set())
+    assert not set(range(table.lineno, table.end_lineno + 1)) & sample_read      # sample.py reports no MFU
+
+
 def test_train_py_reads_like_nanogpt_within_its_budgets():
     """train.py within 450 lines, its main (the loop on the page) and every other function within 60; the lines
     a reader follows from it (tools/reading_lines.py) within budget, outside model.py too; prepare_data.py
@@ -234,7 +250,7 @@ def test_train_py_reads_like_nanogpt_within_its_budgets():
     lines = reading_lines("train.py")
     total = sum(len(v) for v in lines.values())
     outside_model = total - len(lines.get(ROOT / "model.py", ()))
-    assert total <= 2150 and outside_model <= 1625, (total, outside_model)
+    assert total <= 2230 and outside_model <= 1685, (total, outside_model)     # module-level tables counted
     assert len((ROOT / "prepare_data.py").read_text().splitlines()) <= 350
 
 

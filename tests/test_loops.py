@@ -60,7 +60,11 @@ def by_hand(model, idx, K):
     """The prelude, the core written out K times with (M1) or (M2), the coda: the slow obvious form."""
     cfg = model.cfg
     h_emb = model.wte(idx) * cfg.n_embd ** 0.5
-    cos, sin = model.rotary(h_emb.dtype, h_emb.device, 0, idx.shape[1])
+    seen = []                      # the rotary tables run_layers hands the layers, read by a pre-hook
+    handle = model.layers[0].register_forward_pre_hook(lambda m, args: seen.append(args[1:3]))
+    model.run_layers(h_emb, model.layers[:1], 0)
+    handle.remove()
+    cos, sin = seen[0]
     h = h_emb
     for layer in model.prelude:
         h = layer(h, cos, sin)

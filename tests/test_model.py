@@ -294,7 +294,7 @@ def tables_applied(model, pos, T, dtype):
 
 
 def test_rotary_is_a_relative_position_encoding(monkeypatch):
-    """Rotary (NeoX/LLaMA rotate-half form, applied inside Layer.attention): the score q·k depends only on the offset
+    """Rotary (NeoX/LLaMA rotate-half form, applied inside Layer.forward): the score q·k depends only on the offset
     between positions, position 0 is the identity, and the rotated dims keep their norm; the pass-through
     dims are untouched. The rotated q, k are read where attention hands them to SDPA."""
     seen, original = {}, F.scaled_dot_product_attention
@@ -311,9 +311,9 @@ def test_rotary_is_a_relative_position_encoding(monkeypatch):
         layer = model.layers[0]
         x = torch.randn(1, 1, 16, dtype=torch.float64).expand(1, 40, 16)      # one vector at every position
         cos, sin = tables_applied(model, 0, 40, torch.float64)               # float64 from the start: ~1e-16
-        layer.attention(x, cos, sin)
+        layer(x, cos, sin)
         q, k = seen["q"][0, 0], seen["k"][0, 0]                               # (40, 16) rotated by position
-        q0 = layer.attn.qkv(x)[0, 0, :16]                                          # the unrotated query
+        q0 = layer.attn.qkv(layer.ln1(x))[0, 0, :16]                               # the unrotated query
         score = lambda m, n: (q[m] * k[n]).sum()
         close = lambda a, b: (a - b).abs().max() <= 1e-13
         assert close(score(7, 3), score(30, 26)) and close(score(0, 9), score(11, 20))

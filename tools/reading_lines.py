@@ -1,9 +1,9 @@
 """
 How many lines a reader must read to follow a script: the script itself, then every function and class of
 the repository that it uses, and every one that those use, transitively (read with `ast`: a name used in a
-definition's body is followed to where its module defines or imports it; a class counts whole, a call on
-an object of unknown type, such as model.forward, is not followed beyond the class). Blank lines count,
-as a reader sees them.
+definition's body is followed to where its module defines or imports it; a module-level table or constant
+counts as a definition too; a class counts whole, a call on an object of unknown type, such as
+model.forward, is not followed beyond the class). Blank lines count, as a reader sees them.
 
     python tools/reading_lines.py train.py sample.py
 """
@@ -22,13 +22,18 @@ def module_path(name):
 
 
 def scope(path):
-    """(definitions {name: (first line, last line)}, imports {name: (module, name or None)}) of a module."""
+    """(tree, definitions {name: (first line, last line, node)}, imports {name: (module, name or None)}) of a
+    module; its definitions: functions, classes, and names assigned at module level (tables, constants)."""
     tree = ast.parse(path.read_text())
     defs, imports = {}, {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             first = min([d.lineno for d in node.decorator_list] + [node.lineno])
-            defs[node.name] = (first, node.end_lineno)
+            defs[node.name] = (first, node.end_lineno, node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    defs[target.id] = (node.lineno, node.end_lineno, node)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             imports |= {a.asname or a.name: (node.module, a.name) for a in node.names}
         elif isinstance(node, ast.Import):
@@ -59,8 +64,7 @@ def reading_lines(script):
         if name is None:                                  # the whole script
             span, node = (1, len(path.read_text().splitlines())), tree
         else:
-            span = defs[name]
-            node = next(n for n in tree.body if getattr(n, "name", None) == name)
+            *span, node = defs[name]
         lines.setdefault(path, set()).update(range(span[0], span[1] + 1))
         for ident, attr in used_names(node):
             if ident in defs and ident != name:
