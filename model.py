@@ -59,11 +59,11 @@ class Layer(nn.Module):
         (B, T, C), nh, nkv = x.shape, self.n_head, self.n_kv_head
         qkv = self.attn.qkv(self.ln1(x)).view(B, T, nh + 2 * nkv, self.head_dim)
         qk, v = qkv[:, :, :nh + nkv], qkv[:, :, nh + nkv:].transpose(1, 2)   # v (B, nkv, T, hs)
-        # rotary (RoPE, NeoX/LLaMA "rotate half") on the first rot_dim dims of q and k: with
-        # [x1, x2] the halves, x -> x cos + [-x2, x1] sin
+        # rotary (RoPE, NeoX/LLaMA "rotate half") on the first rot_dim dims of each head of q and
+        # k: a head's [a1, a2] (its halves) -> [a1, a2] cos + [-a2, a1] sin
         if rot := cos.shape[-1]:                        # rot = 0 (rope_pct = 0) is NoPE
-            x1, x2 = qk[..., :rot].chunk(2, dim=-1)
-            r = (qk[..., :rot] * cos + torch.cat([-x2, x1], dim=-1) * sin).to(qk.dtype)
+            a1, a2 = qk[..., :rot].chunk(2, dim=-1)
+            r = (qk[..., :rot] * cos + torch.cat([-a2, a1], dim=-1) * sin).to(qk.dtype)
             qk = r if rot == self.head_dim else torch.cat([r, qk[..., rot:]], dim=-1)   # NeoX: 25%
         q, k = qk.transpose(1, 2).split([nh, nkv], dim=1)                   # (B, nh | nkv, T, hs)
         if held is not None:          # exited positions: their last loop's keys and values
@@ -329,7 +329,7 @@ class GPT(nn.Module):
                 h = torch.where(active[..., None], h, h_prev)
                 buffer = torch.where(active[..., None], buffer, buffer_prev) if mesh else None
                 if not (loops > k + 1).any():   # all done: decoding saves the later loops, whose
-                    later = caches[P + (k + 1) * n_core:P + K * n_core] if cache else []
+                    later = caches[P + (k + 1) * n_core:P + K * n_core] if cache is not None else []
                     for c, last in zip(later, loop_caches * K):   # caches get this loop's keys
                         c.update({n: torch.cat([c[n], last[n][:, :, -T:]], 2) if c else
                                   last[n][:, :, -T:] for n in ("k", "v")})
@@ -537,9 +537,10 @@ class GPT(nn.Module):
 
 def check(cfg=None, **values):
     """Refuse a setting outside its valid values (nan fails every test): ValueError "<name> =
-    <value> must be <what is valid>". The settings of GPTConfig, forward and generate; a name
-    without a rule is free. cfg: the config the tests read, if any."""
-    # names -> the valid values (a tuple), or (test(value, config), what is valid: text(config))
+    <value> must be <what is valid>". The settings of GPTConfig, forward and generate, in the
+    table's order; a name without a rule is free if it is a field of cfg (the config the tests
+    read), else a TypeError."""
+    # names -> the valid values (a tuple), or (test(value, config), what is valid: text or text(c))
     rules = {name: rule for names, rule in {
         "flavour": ("neox", "llama"), "weight_init": ("mesh", "normal_0.02"),
         "state_passing": ("base", "residual", "anchor", "anchor_star", "mesh"),
@@ -575,6 +576,8 @@ def check(cfg=None, **values):
         "top_k": (lambda v, c: v is None or v >= 1, ">= 1 (sample from the k most likely) or None"),
         "stop_token": (lambda v, c: v is None or 0 <= v < c.vocab_size, "a token id or None"),
     }.items() for name in names.split()}
+    if unknown := [name for name in values if name not in rules and not hasattr(cfg, name)]:
+        raise TypeError(f"check: no rule for {', '.join(unknown)}")
     for name, rule in rules.items():              # in this order: layout before max_loops
         if name in values:
             test, text = rule if callable(rule[0]) else \

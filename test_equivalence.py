@@ -118,8 +118,9 @@ def test_state_passings_follow_their_equations():
         model = build(**dict(TINY, layout="1+2R3+1", state_passing=mode))
         h_emb = model.wte(idx) * TINY["n_embd"] ** 0.5
         seen = []                     # the rotary tables run_layers hands the layers, read by a pre-hook
-        model.layers[0].register_forward_pre_hook(lambda m, args: seen.append(args[1:3]))
+        hook = model.layers[0].register_forward_pre_hook(lambda m, args: seen.append(args[1:3]))
         model.run_layers(h_emb, model.layers[:1], 0)
+        hook.remove()
         cos, sin = seen[0]
         h = h0 = model.layers[0](h_emb, cos, sin)
         for _ in range(3):

@@ -362,8 +362,8 @@ def build_model(s, device, ptdtype, rank, world_size):
     random.seed(cfg.seed)
     data_gen = torch.Generator().manual_seed(cfg.seed)   # identical on all ranks: see step_starts
     raw_model = GPT(s.model_cfg).to(device)
-    with torch.no_grad():   # one eager token makes the rotary tables (made in compile's trace: a recompile)
-        raw_model(torch.zeros(1, 1, dtype=torch.long, device=device))
+    # no layers: run_layers makes its rotary tables now (inside torch.compile's graph, they would recompile it)
+    raw_model.run_layers(torch.zeros(1, 1, s.model_cfg.n_embd, device=device), [], 0)
     trainer = make_trainer(raw_model, cfg, device, ptdtype, os.path.join(cfg.out_dir, "ckpt.pt"))
     start_step, best_val = 0, float("inf")
     if s.ckpt is not None:

@@ -280,7 +280,7 @@ RANGE_CASES = [
     (TrainConfig, "loops_backprop", [0, -1], [1], {}),
 ]
 # numeric fields that take any value on their own: negative layer indices count from the end, and
-# GPTConfig._check_t2mlr checks them against n_layer
+# model.check checks them against n_layer
 ANY_VALUE = {(GPTConfig, "l_start"), (GPTConfig, "l_end")}
 
 
@@ -309,6 +309,20 @@ def test_numeric_field_out_of_range_is_refused(cls, name, bad, good, others):
             cls(**{**others, name: value})
     for value in good:
         assert getattr(cls(**{**others, name: value}), name) == value
+
+
+def test_check_refuses_a_setting_it_has_no_rule_for():
+    """model.check knows every setting it is asked about: a misspelt name is a TypeError, not a pass; a field of
+    the config it is given is free without a rule (tie_embeddings), and a field with one is still tested."""
+    from model import check
+    with pytest.raises(TypeError, match=r"^check: no rule for temprature$"):
+        check(temprature=-1.0)
+    cfg = GPTConfig()
+    check(cfg, tie_embeddings=True, temperature=0.5)
+    with pytest.raises(TypeError, match=r"^check: no rule for n_loop$"):
+        check(cfg, n_loop=2)
+    with pytest.raises(ValueError, match=r"^temperature = -1.0 must be >= 0"):
+        check(cfg, tie_embeddings=True, temperature=-1.0)
 
 
 def test_out_of_range_reaches_the_user_as_a_config_error(tmp_path):

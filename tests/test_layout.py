@@ -92,8 +92,8 @@ def follow(path, build=False):
     """Run `path` on a tiny model, profiling model.py's frames -> (nesting: the deepest chain of model.py calls
     below the first one entered (GPT.forward or GPT.generate), each nn.Module call once, torch's own frames,
     lambdas and comprehensions not at all; entered: the qualified names of the model.py functions entered,
-    the first left out, functions nested inside one part of it). build: entered also holds the functions
-    that building the model enters (GPTConfig's and GPT's constructors)."""
+    the first left out, functions nested inside one part of it). build: entered also holds the first and the
+    functions that building the model enters (GPTConfig's and GPT's constructors)."""
     from model import GPT, GPTConfig, InferenceCache
     fields, run = PATHS[path]
     source, depth, deepest, entered = str(ROOT / "model.py"), [0], [0], []
@@ -119,7 +119,7 @@ def follow(path, build=False):
             run(model, idx, cache)
     finally:
         sys.setprofile(None)
-    return deepest[0] - 1, set(entered) - ({entered[0]} if not build else set()) | (set(built) if build else set())
+    return deepest[0] - 1, (set(entered) | set(built)) if build else set(entered) - {entered[0]}
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -143,8 +143,8 @@ def jumps(path, build=False) -> list:
     return sorted(opened | {"GPTConfig", "GPT.__init__"} | {f"{c}.__init__" for c in classes})
 
 
-JUMP_TARGETS = {"vanilla": 10, "base": 11, "mesh": 12, "jacobi": 12, "exact": 12, "cached generation": 12,
-                "cached T²MLR generation": 14}
+JUMP_TARGETS = {"vanilla": 5, "base": 6, "mesh": 7, "jacobi": 8, "exact": 8, "cached generation": 8,
+                "cached T²MLR generation": 11}
 # the same paths counted as a cold reader counts: the first function and building the model too, GPTConfig's
 # fields one definition; T²MLR's Jacobi and exact paths at most 12, as nanoGPT's vanilla path
 BUILD_TARGETS = {"vanilla": 9, "base": 10, "mesh": 11, "jacobi": 12, "exact": 12, "cached generation": 11,
@@ -250,7 +250,7 @@ def test_train_py_reads_like_nanogpt_within_its_budgets():
     lines = reading_lines("train.py")
     total = sum(len(v) for v in lines.values())
     outside_model = total - len(lines.get(ROOT / "model.py", ()))
-    assert total <= 2230 and outside_model <= 1685, (total, outside_model)     # module-level tables counted
+    assert total <= 2235 and outside_model <= 1685, (total, outside_model)     # module-level tables counted
     assert len((ROOT / "prepare_data.py").read_text().splitlines()) <= 350
 
 

@@ -18,6 +18,7 @@ import torch
 from model import GPT, GPTConfig, InferenceCache
 from support.accounting import train_flops_per_token
 from support.loop import draw_loops, mean_loops
+from test_model import tables_applied
 
 TINY = dict(vocab_size=64, block_size=48, n_embd=32, n_head=4)
 PASSINGS = ("base", "residual", "anchor", "anchor_star", "mesh")
@@ -60,11 +61,7 @@ def by_hand(model, idx, K):
     """The prelude, the core written out K times with (M1) or (M2), the coda: the slow obvious form."""
     cfg = model.cfg
     h_emb = model.wte(idx) * cfg.n_embd ** 0.5
-    seen = []                      # the rotary tables run_layers hands the layers, read by a pre-hook
-    handle = model.layers[0].register_forward_pre_hook(lambda m, args: seen.append(args[1:3]))
-    model.run_layers(h_emb, model.layers[:1], 0)
-    handle.remove()
-    cos, sin = seen[0]
+    cos, sin = tables_applied(model, 0, idx.shape[1], h_emb.dtype)
     h = h_emb
     for layer in model.prelude:
         h = layer(h, cos, sin)

@@ -32,8 +32,9 @@ def scope(path):
             defs[node.name] = (first, node.end_lineno, node)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                if isinstance(target, ast.Name):
-                    defs[target.id] = (node.lineno, node.end_lineno, node)
+                for name in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
+                    if isinstance(name, ast.Name):                     # A = ..., and A, B = ...
+                        defs[name.id] = (node.lineno, node.end_lineno, node)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             imports |= {a.asname or a.name: (node.module, a.name) for a in node.names}
         elif isinstance(node, ast.Import):
